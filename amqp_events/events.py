@@ -1,0 +1,86 @@
+"""Fireable events: what ``@app.event`` turns a function or a class into."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from amqp_events.app import EventsApp
+
+P = ParamSpec("P")
+C = TypeVar("C", bound=type)
+
+
+class Event(Generic[P]):
+    """An event made from a function whose body validates the arguments.
+
+    Calling it runs the function with the same arguments (an exception
+    propagates and nothing is published), then publishes the event and
+    returns its id once the broker confirmed it. It keeps the function's
+    name, docstring and signature.
+    """
+
+    def __init__(self, app: EventsApp, name: str, validate: Callable[P, Any]) -> None:
+        functools.update_wrapper(self, validate)
+        self.app = app
+        self.name = name
+        self.validate = validate
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        self.validate(*args, **kwargs)
+        return self.app.fire(self.name, args, kwargs)
+
+    def fire(
+        self,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+    ) -> str:
+        """Like calling the event, with Celery-style delay options.
+
+        ``countdown`` (seconds) or ``eta`` (a datetime) make the event wait on
+        the broker before it reaches its subscribers (whole seconds, never early).
+        """
+        kwargs = kwargs or {}
+        self.validate(*args, **kwargs)
+        return self.app.fire(self.name, args, kwargs, countdown=countdown, eta=eta)
+
+    def __repr__(self) -> str:
+        return f"<Event {self.name!r} of service {self.app.service!r}>"
+
+
+def event_class(app: EventsApp, name: str, cls: C) -> C:
+    """Make a dataclass or pydantic model fireable: ``Cls(...).fire()`` publishes its fields.
+
+    Constructing the instance is the validation. The class also gets an
+    ``event_name`` attribute, and can be given to ``@app.handler`` so that
+    the handler receives an instance instead of keyword arguments.
+    """
+    payload = _payload_of(cls)
+
+    def fire(self: Any, *, countdown: float | None = None, eta: datetime | None = None) -> str:
+        """Publish this event; returns its id once the broker confirmed it."""
+        return app.fire(name, (), payload(self), countdown=countdown, eta=eta)
+
+    cls.fire = fire  # type: ignore[attr-defined]
+    cls.event_name = name  # type: ignore[attr-defined]
+    return cls
+
+
+def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
+    if dataclasses.is_dataclass(cls):
+        return dataclasses.asdict  # type: ignore[return-value]
+    if callable(getattr(cls, "model_dump", None)) and hasattr(cls, "model_validate"):
+        return _pydantic_payload
+    raise TypeError(f"@app.event on a class needs a dataclass or a pydantic model, not {cls.__qualname__}")
+
+
+def _pydantic_payload(instance: Any) -> dict[str, Any]:
+    # JSON mode turns UUIDs, datetimes and nested models into plain JSON values.
+    return dict(instance.model_dump(mode="json"))

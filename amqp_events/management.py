@@ -1,0 +1,69 @@
+"""A small client of RabbitMQ's management HTTP API (stdlib only)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from base64 import b64encode
+from typing import Any
+
+
+class ManagementError(RuntimeError):
+    """The management API answered with an error or could not be reached."""
+
+
+class ManagementAPI:
+    """Calls ``/api/...`` on a RabbitMQ node's management plugin."""
+
+    def __init__(self, base_url: str, user: str = "guest", password: str = "guest", timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._authorization = "Basic " + b64encode(f"{user}:{password}".encode()).decode()
+        self.timeout = timeout
+
+    @classmethod
+    def for_amqp_url(cls, amqp_url: str, management_port: int = 15672) -> ManagementAPI:
+        """The management API beside an AMQP URL (same host and credentials)."""
+        parts = urllib.parse.urlsplit(amqp_url)
+        return cls(
+            f"http://{parts.hostname or 'localhost'}:{management_port}",
+            urllib.parse.unquote(parts.username or "guest"),
+            urllib.parse.unquote(parts.password or "guest"),
+        )
+
+    def request(self, method: str, path: str, body: object = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base_url + path, data=data, method=method)
+        request.add_header("Authorization", self._authorization)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            raise ManagementError(f"{method} {path}: HTTP {exc.code} {exc.read().decode(errors='replace')}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise ManagementError(f"cannot reach the management API at {self.base_url}: {exc}") from exc
+        return json.loads(payload) if payload else None
+
+    def create_vhost(self, vhost: str, user: str = "guest") -> None:
+        """Create ``vhost`` and give ``user`` every permission on it."""
+        quoted = _quote(vhost)
+        self.request("PUT", f"/api/vhosts/{quoted}", {})
+        self.request("PUT", f"/api/permissions/{quoted}/{_quote(user)}", {"configure": ".*", "write": ".*", "read": ".*"})
+
+    def delete_vhost(self, vhost: str) -> None:
+        self.request("DELETE", f"/api/vhosts/{_quote(vhost)}")
+
+    def queues(self, vhost: str) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"/api/queues/{_quote(vhost)}"))
+
+    def exchanges(self, vhost: str) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"/api/exchanges/{_quote(vhost)}"))
+
+    def bindings(self, vhost: str) -> list[dict[str, Any]]:
+        return list(self.request("GET", f"/api/bindings/{_quote(vhost)}"))
+
+
+def _quote(name: str) -> str:
+    return urllib.parse.quote(name, safe="")

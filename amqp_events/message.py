@@ -1,0 +1,294 @@
+"""Event messages on the wire: Celery's task protocol 2 plus a few documented headers.
+
+An event is an ordinary Celery task message, so a plain ``celery worker``
+runs it: the ``task`` header is the event name, ``id`` is the event id and
+``retries`` counts the retries so far. The library adds:
+
+================== ==========================================================
+``fired_at``       ISO-8601 UTC time the event was fired (kept across retries)
+``fired_by``       the service that fired it
+``first_failure_at`` ISO-8601 UTC time its handler first failed (retries only)
+================== ==========================================================
+
+Archived messages carry the ``archive_*`` headers of :data:`ARCHIVE_HEADERS`.
+Everything here is pure: building and reading messages, no I/O.
+"""
+
+from __future__ import annotations
+
+import traceback as tb
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from kombu.utils.json import dumps as json_dumps
+
+from amqp_events.topology import archive_queue_name
+
+FIRED_AT = "fired_at"
+FIRED_BY = "fired_by"
+FIRST_FAILURE_AT = "first_failure_at"
+#: Envelope headers a retried or replayed copy keeps from the original.
+CARRIED_HEADERS = ("lang", "task", "id", "root_id", "parent_id", "group", "origin", FIRED_AT, FIRED_BY)
+
+#: Headers RabbitMQ adds on dead-lettering and redelivery.
+X_DEATH = "x-death"
+X_DELIVERY_COUNT = "x-delivery-count"
+
+EMPTY_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+JSON = "application/json"
+
+MAX_EXCEPTION_MESSAGE = 1000
+MAX_TRACEBACK = 4096
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def isoformat(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat()
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A header timestamp back to an aware datetime (``None`` when absent or unreadable)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str):
+        try:
+            return parse_time(datetime.fromisoformat(value))
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message ready for :mod:`amqp_events.publisher`.
+
+    ``body`` is serialised as JSON unless ``content_type`` is given, in which
+    case it must already be ``bytes`` (archived copies keep the original bytes).
+    """
+
+    exchange: str
+    routing_key: str
+    headers: dict[str, Any]
+    body: Any
+    message_id: str
+    content_type: str | None = None
+    content_encoding: str | None = None
+
+
+def event_envelope(
+    name: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any], fired_by: str
+) -> tuple[dict[str, Any], list[Any]]:
+    """Headers and body of a newly fired event."""
+    event_id = str(uuid.uuid4())
+    headers = {
+        "lang": "py",
+        "task": name,
+        "id": event_id,
+        "root_id": event_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 0,
+        FIRED_AT: isoformat(utcnow()),
+        FIRED_BY: fired_by,
+    }
+    return headers, [list(args), dict(kwargs), EMPTY_EMBED]
+
+
+def json_body(body: Any) -> bytes:
+    """``body`` serialised exactly as kombu serialises a JSON message."""
+    return json_dumps(body).encode("utf-8")
+
+
+def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dict[str, Any]:
+    """Envelope headers for a new copy of ``original``: retry count set, broker history dropped."""
+    headers = {key: original[key] for key in CARRIED_HEADERS if key in original}
+    headers["retries"] = retries
+    headers.update({key: value for key, value in extra.items() if value is not None})
+    return headers
+
+
+@dataclass(frozen=True)
+class EventMetadata:
+    """What a handler may want to know about the event it is running for.
+
+    Read it inside a handler with :func:`amqp_events.current_event`.
+    """
+
+    id: str
+    name: str
+    #: When the event was fired (not when it is being handled): use it for time-window checks.
+    fired_at: datetime | None
+    fired_by: str | None
+    #: 1 for the first run, 2 for the first retry, ...
+    attempt: int
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, Any]) -> EventMetadata:
+        return cls(
+            id=str(headers.get("id")),
+            name=str(headers.get("task")),
+            fired_at=parse_time(headers.get(FIRED_AT)),
+            fired_by=headers.get(FIRED_BY),
+            attempt=int(headers.get("retries") or 0) + 1,
+        )
+
+
+def was_rejected(headers: Mapping[str, Any], queue: str) -> bool:
+    """Did ``queue`` dead-letter this message as rejected (it came back to be counted)?"""
+    deaths = headers.get(X_DEATH) or []
+    return any(
+        isinstance(death, Mapping) and death.get("queue") == queue and death.get("reason") == "rejected"
+        for death in deaths
+    )
+
+
+def earlier_deliveries(headers: Mapping[str, Any]) -> int:
+    """How many times the broker delivered this message before without an ack or a reject."""
+    try:
+        return int(headers.get(X_DELIVERY_COUNT) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+# -- the archive -------------------------------------------------------------
+
+ARCHIVE_REASON = "archive_reason"
+ARCHIVE_SERVICE = "archive_service"
+ARCHIVE_HANDLER = "archive_handler"
+ARCHIVE_QUEUE = "archive_queue"
+ARCHIVE_EXCHANGE = "archive_exchange"
+ARCHIVE_ROUTING_KEY = "archive_routing_key"
+ARCHIVE_EXCEPTION_TYPE = "archive_exception_type"
+ARCHIVE_EXCEPTION_MESSAGE = "archive_exception_message"
+ARCHIVE_TRACEBACK = "archive_traceback"
+ARCHIVE_ATTEMPTS = "archive_attempts"
+ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
+ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
+ARCHIVED_AT = "archived_at"
+ARCHIVE_HEADERS = (
+    ARCHIVE_REASON,
+    ARCHIVE_SERVICE,
+    ARCHIVE_HANDLER,
+    ARCHIVE_QUEUE,
+    ARCHIVE_EXCHANGE,
+    ARCHIVE_ROUTING_KEY,
+    ARCHIVE_EXCEPTION_TYPE,
+    ARCHIVE_EXCEPTION_MESSAGE,
+    ARCHIVE_TRACEBACK,
+    ARCHIVE_ATTEMPTS,
+    ARCHIVE_FIRST_FAILURE_AT,
+    ARCHIVE_LAST_FAILURE_AT,
+    ARCHIVED_AT,
+)
+
+
+class Reason:
+    """Why a message was archived (the ``archive_reason`` header)."""
+
+    MAX_RETRIES = "max_retries"
+    NON_RETRYABLE = "non_retryable"
+    WORKER_LOST = "worker_lost"
+    UNDECODABLE = "undecodable"
+    FORBIDDEN_CONTENT_TYPE = "forbidden_content_type"
+    UNKNOWN_EVENT = "unknown_event"
+    BAD_ARGUMENTS = "bad_arguments"
+    ALL = (
+        MAX_RETRIES,
+        NON_RETRYABLE,
+        WORKER_LOST,
+        UNDECODABLE,
+        FORBIDDEN_CONTENT_TYPE,
+        UNKNOWN_EVENT,
+        BAD_ARGUMENTS,
+    )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a message is being archived, and what the handler raised (if it ran)."""
+
+    reason: str
+    exception_type: str = ""
+    exception_message: str = ""
+    traceback: str = ""
+    attempts: int = 0
+    first_failure_at: datetime | None = None
+    last_failure_at: datetime = field(default_factory=utcnow)
+
+    @classmethod
+    def from_exception(
+        cls, reason: str, exc: BaseException, attempts: int = 0, first_failure_at: datetime | None = None
+    ) -> Failure:
+        return cls(
+            reason=reason,
+            exception_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            exception_message=_shorten(str(exc), MAX_EXCEPTION_MESSAGE),
+            traceback=_tail("".join(tb.format_exception(type(exc), exc, exc.__traceback__)), MAX_TRACEBACK),
+            attempts=attempts,
+            first_failure_at=first_failure_at,
+        )
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """A message as the worker received it: what an archived copy must keep."""
+
+    headers: Mapping[str, Any]
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    exchange: str
+    routing_key: str
+    queue: str
+
+
+def archived_message(delivered: Delivered, failure: Failure, service: str, handler: str) -> OutgoingMessage:
+    """The copy of ``delivered`` that goes into ``service``'s archive queue.
+
+    The body and content type are kept byte for byte; the original headers
+    are kept (stripped of earlier ``archive_*`` headers) and the archive
+    headers added.
+    """
+    now = utcnow()
+    headers = {key: value for key, value in delivered.headers.items() if key not in ARCHIVE_HEADERS}
+    headers.update(
+        {
+            ARCHIVE_REASON: failure.reason,
+            ARCHIVE_SERVICE: service,
+            ARCHIVE_HANDLER: handler,
+            ARCHIVE_QUEUE: delivered.queue,
+            ARCHIVE_EXCHANGE: delivered.exchange,
+            ARCHIVE_ROUTING_KEY: delivered.routing_key,
+            ARCHIVE_EXCEPTION_TYPE: failure.exception_type,
+            ARCHIVE_EXCEPTION_MESSAGE: failure.exception_message,
+            ARCHIVE_TRACEBACK: failure.traceback,
+            ARCHIVE_ATTEMPTS: failure.attempts,
+            ARCHIVE_FIRST_FAILURE_AT: isoformat(failure.first_failure_at or failure.last_failure_at),
+            ARCHIVE_LAST_FAILURE_AT: isoformat(failure.last_failure_at),
+            ARCHIVED_AT: isoformat(now),
+        }
+    )
+    return OutgoingMessage(
+        exchange="",
+        routing_key=archive_queue_name(service),
+        headers=headers,
+        body=delivered.body,
+        message_id=str(delivered.headers.get("id") or uuid.uuid4()),
+        content_type=delivered.content_type or "application/octet-stream",
+        content_encoding=delivered.content_encoding or "binary",
+    )
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of a traceback is where the error is: keep that part."""
+    return text if len(text) <= limit else "…" + text[-(limit - 1) :]

@@ -1,0 +1,114 @@
+"""Settings of the library: Celery defaults, our own ``amqp_events_*`` keys and environment variables.
+
+Everything here is plain data; :func:`amqp_events.app.events_app` applies it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from amqp_events.delays import MAX_DELAY
+
+#: Celery settings ``events_app`` applies before the caller's own (SPEC "safe defaults").
+CELERY_DEFAULTS: dict[str, Any] = {
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "task_acks_on_failure_or_timeout": False,
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "accept_content": ["json"],
+    "result_accept_content": ["json"],
+    "result_backend": None,
+    "task_ignore_result": True,
+    "broker_transport_options": {"confirm_publish": True},
+    "broker_connection_retry_on_startup": True,
+    "worker_consumer": "amqp_events.worker:EventConsumer",
+}
+
+#: Environment variables read when an app is created, and the setting each one fills.
+ENVIRONMENT: dict[str, str] = {
+    "AMQP_EVENTS_MAX_RETRIES": "amqp_events_max_retries",
+    "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": "amqp_events_archive_ttl_ms",
+    "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "amqp_events_archive_max_length",
+}
+
+SETTING_PREFIX = "amqp_events_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The library's own settings, read from Celery's ``app.conf`` as ``amqp_events_<field>``."""
+
+    #: Topic exchange every service fires events to.
+    exchange: str = "events"
+    #: Retries after the first attempt before a failing message is archived.
+    max_retries: int = 10
+    #: First retry delay in seconds; attempt ``k`` waits ``backoff_base * 2**(k-1)``.
+    backoff_base: float = 1.0
+    #: Longest backoff delay in seconds.
+    backoff_max: float = 3600.0
+    #: Randomise each backoff delay between half and all of its value.
+    backoff_jitter: bool = False
+    #: Deliveries without an outcome (the worker died) before a message is archived as ``worker_lost``.
+    max_deliveries: int = 3
+    #: Archive message TTL in milliseconds; 0 keeps messages until replayed or purged.
+    archive_ttl_ms: int = 7 * 24 * 3600 * 1000
+    #: Archive length bound; 0 means unbounded. The oldest messages go first.
+    archive_max_length: int = 10_000
+    #: Seconds firing an event may take (connecting, confirming) before it raises.
+    publish_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_retries < 0:
+            problems.append(f"max_retries must be >= 0, not {self.max_retries}")
+        if self.backoff_base <= 0 or self.backoff_max < self.backoff_base:
+            problems.append(
+                f"need 0 < backoff_base <= backoff_max, got {self.backoff_base} and {self.backoff_max}"
+            )
+        if self.backoff_max > MAX_DELAY:
+            problems.append(f"backoff_max must be at most {MAX_DELAY} s")
+        if self.max_deliveries < 1:
+            problems.append(f"max_deliveries must be >= 1, not {self.max_deliveries}")
+        if self.archive_ttl_ms < 0 or self.archive_max_length < 0:
+            problems.append("archive limits must be >= 0 (0 means unbounded)")
+        if self.publish_timeout <= 0:
+            problems.append("publish_timeout must be > 0")
+        if problems:
+            raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
+        values = {}
+        for field in fields(cls):
+            key = SETTING_PREFIX + field.name
+            if conf.get(key) is not None:
+                values[field.name] = _coerce(field.type, conf[key], key)
+        return cls(**values)
+
+
+def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """App settings given by the documented environment variables."""
+    found = {}
+    for variable, key in ENVIRONMENT.items():
+        raw = environ.get(variable, "").strip()
+        if raw:
+            found[key] = _coerce("int", raw, variable)
+    return found
+
+
+def _coerce(kind: Any, value: Any, name: str) -> Any:
+    converters = {"int": int, "float": float, "str": str, "bool": _to_bool}
+    try:
+        return converters[str(kind)](value)
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{name} must be of type {kind}, got {value!r}") from None
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)

@@ -1,0 +1,157 @@
+"""The worker side: Celery's consumer, declaring the topology and archiving what it cannot run.
+
+``events_app`` sets ``worker_consumer`` to :class:`EventConsumer`, so a plain
+``celery -A module worker`` uses it. Two things change from Celery's own:
+
+* On every (re)connection the service's topology is declared before any
+  queue is consumed. A declaration error stops the worker with a message
+  that names the queue, the argument and both values (it is raised from the
+  consumer's start-up, where Celery treats it as unrecoverable, not from a
+  signal handler, which would only log it).
+* A message the worker cannot run is archived with a reason and acked,
+  instead of being acked and dropped (Celery's default for undecodable
+  messages) or rejected (its default for unknown tasks, which the queue's
+  dead-letter exchange would bring straight back).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import signals
+from celery.exceptions import InvalidTaskError
+from celery.worker.consumer import Consumer
+from kombu.exceptions import ContentDisallowed
+from kombu.message import Message
+from vine import promise
+
+from amqp_events import delays
+from amqp_events.declare import TopologyMismatch, declare_topology
+from amqp_events.message import Delivered, Failure, Reason, archived_message
+from amqp_events.topology import InvalidName, event_queue_name
+
+logger = logging.getLogger("amqp_events")
+
+
+class EventConsumer(Consumer):
+    """Celery's task consumer for an :class:`~amqp_events.app.EventsApp` worker."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        signals.worker_shutting_down.connect(self._wake_event_loop, weak=False)
+
+    def _wake_event_loop(self, **_: Any) -> None:
+        # A warm shutdown only sets a flag that the event loop reads between
+        # polls, and a poll can last 10 s. The loop wakes only for callbacks
+        # scheduled from another thread, so schedule a no-op from one.
+        if self.hub is not None:
+            threading.Thread(target=self.hub.call_soon, args=(_nothing,), daemon=True).start()
+
+    def connect(self) -> Any:
+        connection = super().connect()
+        try:
+            declare_topology(connection, self.app.topology)
+        except TopologyMismatch as exc:
+            logger.critical("cannot start service %r: %s", self.app.service, exc)
+            raise
+        return connection
+
+    def create_task_handler(self, promise: Any = promise) -> Any:
+        run = super().create_task_handler(promise)
+
+        def on_task_received(message: Message) -> Any:
+            # Celery decodes the body later, in code that crashes the consumer
+            # on a body of the wrong shape: check it before handing it over.
+            try:
+                body = message.decode()
+            except ContentDisallowed as exc:
+                return self.on_invalid_task(None, message, exc)
+            except Exception as exc:
+                return self.on_decode_error(message, exc)
+            if not _is_task_body(body):
+                return self.on_invalid_task(
+                    body, message, InvalidTaskError("the body is not a Celery task body [args, kwargs, embed]")
+                )
+            return run(message)
+
+        return on_task_received
+
+    # Celery's hooks for messages it cannot run, each turned into an archive entry.
+
+    def on_decode_error(self, message: Message, exc: Exception) -> None:
+        self.archive_unrunnable(message, Reason.UNDECODABLE, exc)
+
+    def on_unknown_message(self, body: Any, message: Message) -> None:
+        self.archive_unrunnable(message, Reason.UNDECODABLE, InvalidTaskError("no 'task' header: not an event"))
+
+    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
+        name = message.headers.get("task")
+        error = LookupError(f"service {self.app.service!r} has no handler for event {name!r}")
+        self.archive_unrunnable(message, Reason.UNKNOWN_EVENT, error)
+
+    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
+        reason = Reason.FORBIDDEN_CONTENT_TYPE if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
+        self.archive_unrunnable(message, reason, exc)
+
+    def archive_unrunnable(self, message: Message, reason: str, exc: Exception) -> None:
+        """Archive ``message`` with ``reason``, then ack it. On failure it stays unacked (redelivered later)."""
+        info = message.delivery_info or {}
+        headers = message.headers if isinstance(message.headers, dict) else {}
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+        delivered = Delivered(
+            headers=headers,
+            body=body,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            exchange=info.get("exchange") or "",
+            routing_key=info.get("routing_key") or "",
+            queue=origin_queue(self.app.service, info.get("exchange") or "", info.get("routing_key") or ""),
+        )
+        failure = Failure.from_exception(reason, exc)
+        try:
+            self.app.publish_routed(archived_message(delivered, failure, self.app.service, ""))
+        except Exception:
+            logger.exception(
+                "could not archive a message service %r cannot run (%s); it stays on the broker", self.app.service, reason
+            )
+            return
+        message.ack()
+        logger.error(
+            "archived a message service %r cannot run: reason=%s event=%s id=%s routing_key=%s: %s",
+            self.app.service,
+            reason,
+            headers.get("task"),
+            headers.get("id"),
+            delivered.routing_key,
+            failure.exception_message,
+        )
+
+
+def origin_queue(service: str, exchange: str, routing_key: str) -> str:
+    """The queue of ``service`` a message was consumed from, worked out from how it was routed."""
+    try:
+        if exchange == delays.DELIVERY_EXCHANGE:
+            _, destination = delays.decode_routing_key(routing_key)
+            kind, _, name = destination.partition(".")
+            return name if kind == "queue" else event_queue_name(service, name)
+        if exchange == "":
+            return routing_key
+        return event_queue_name(service, routing_key)
+    except (InvalidName, ValueError):
+        return ""
+
+
+def _nothing() -> None:
+    pass
+
+
+def _is_task_body(body: Any) -> bool:
+    return (
+        isinstance(body, (list, tuple))
+        and len(body) == 3
+        and isinstance(body[0], (list, tuple))
+        and isinstance(body[1], dict)
+        and (body[2] is None or isinstance(body[2], dict))
+    )

@@ -1,0 +1,61 @@
+"""Shared fixtures: test services, a producer app per test, and the records handlers write."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_events import EventsApp, events_app
+from amqp_events.testing import wait_for
+
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))
+
+
+class Records:
+    """The JSON lines test handlers append to ``$RECORD_FILE``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def all(self, **match: Any) -> list[dict[str, Any]]:
+        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [line for line in lines if all(line.get(key) == value for key, value in match.items())]
+
+    def wait(self, count: int, timeout: float = 30.0, **match: Any) -> list[dict[str, Any]]:
+        """Wait until at least ``count`` records match; returns them."""
+        return wait_for(
+            lambda: (found := self.all(**match)) and len(found) >= count and found,
+            timeout,
+            what=f"{count} records matching {match} (have {len(self.all(**match))})",
+        )
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Records:
+    return Records(tmp_path / "records.jsonl")
+
+
+@pytest.fixture
+def worker(start_worker: Callable[..., Any], records: Records) -> Callable[..., Any]:
+    """``worker("orders")`` starts ``celery -A services.orders worker`` writing to ``records``."""
+
+    def start(service: str, *extra: str, env: dict[str, str] | None = None, **options: Any) -> Any:
+        environment = {"RECORD_FILE": str(records.path), "PYTHONPATH": str(TESTS), **(env or {})}
+        return start_worker(f"services.{service}", *extra, env=environment, cwd=TESTS, **options)
+
+    return start
+
+
+@pytest.fixture
+def producer(broker_url: str) -> Iterator[EventsApp]:
+    """A pure producer app ("tests") on this test's vhost."""
+    app = events_app("tests", broker_url=broker_url)
+    yield app
+    app.close()

@@ -1,0 +1,1 @@
+"""Small services the tests run as real Celery workers (``celery -A services.orders worker``)."""

@@ -1,0 +1,50 @@
+"""What a test handler does, as told by its payload; every run is recorded as a JSON line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from amqp_events import PermanentFailure, current_event
+
+
+class Flaky(RuntimeError):
+    """A transient failure the test asked for."""
+
+
+def record(service: str, **fields: Any) -> None:
+    """Append one line to ``$RECORD_FILE`` (one write with O_APPEND, so lines never interleave)."""
+    event = current_event()
+    line = {
+        "service": service,
+        "event": event.name,
+        "id": event.id,
+        "attempt": event.attempt,
+        "fired_at": event.fired_at.isoformat() if event.fired_at else None,
+        "fired_by": event.fired_by,
+        "pid": os.getpid(),
+        "time": time.time(),
+        **fields,
+    }
+    with open(os.environ["RECORD_FILE"], "a") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+def behave(task: Any, service: str, tag: str, how: dict[str, Any] | None) -> None:
+    """Record this run, then fail, retry, crash or sleep as ``how`` says."""
+    how = how or {}
+    attempt = current_event().attempt
+    record(service, tag=tag)
+    if how.get("sleep"):
+        time.sleep(how["sleep"])
+    if how.get("kill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how.get("permanent"):
+        raise PermanentFailure(f"{tag} can never succeed")
+    if "countdown" in how and attempt <= how.get("countdown_times", 1):
+        raise task.retry(countdown=how["countdown"], max_retries=how.get("retry_max_retries"))
+    if attempt <= how.get("fail_times", 0) or how.get("always_fail"):
+        raise Flaky(f"{tag} failed on attempt {attempt}")

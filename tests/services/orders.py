@@ -1,0 +1,43 @@
+"""The ``orders`` test service."""
+
+import os
+
+from amqp_events.celery import events_app
+from services.behaviour import behave, record
+from services import catalog
+
+app = events_app(
+    "orders",
+    broker_url=os.environ["BROKER_URL"],
+    amqp_events_max_retries=int(os.environ.get("MAX_RETRIES", "3")),
+    amqp_events_backoff_max=float(os.environ.get("BACKOFF_MAX", "3600")),
+)
+
+
+UserRegistered = app.event("users.registered")(catalog.UserRegistered)
+UserRegisteredModel = app.event("users.registered_model")(catalog.UserRegisteredModel)
+
+
+@app.handler("test.ping", bind=True)
+def on_ping(self, tag, how=None):
+    behave(self, "orders", tag, how)
+
+
+@app.handler("test.orders_only", bind=True, max_retries=int(os.environ.get("HANDLER_MAX_RETRIES", "1")))
+def on_orders_only(self, tag, how=None):
+    behave(self, "orders", tag, how)
+
+
+@app.handler("billing.invoice.paid")
+def on_invoice_paid(invoice_id: int, amount: str):
+    record("orders", tag=f"invoice-{invoice_id}", amount=amount)
+
+
+@app.handler(UserRegistered)
+def on_user_registered(event: UserRegistered):
+    record("orders", tag=f"user-{event.user_id}", email=event.email, type=type(event).__name__)
+
+
+@app.handler(UserRegisteredModel)
+def on_user_registered_model(event: UserRegisteredModel):
+    record("orders", tag=f"user-{event.user_id}", email=event.email, type=type(event).__name__)

@@ -1,0 +1,13 @@
+"""The ``shipping`` test service: also handles ``test.ping``, so it sees every ping ``orders`` sees."""
+
+import os
+
+from amqp_events.celery import events_app
+from services.behaviour import behave
+
+app = events_app("shipping", broker_url=os.environ["BROKER_URL"])
+
+
+@app.handler("test.ping", bind=True)
+def on_ping(self, tag, how=None):
+    behave(self, "shipping", tag, how)
