@@ -17,6 +17,7 @@ from amqp_events import delays
 from amqp_events.declare import declare_topology
 from amqp_events.events import Event, event_class
 from amqp_events.handler import EventHandler
+from amqp_events.logs import log_event
 from amqp_events.message import OutgoingMessage, event_envelope
 from amqp_events.publisher import Publisher
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults
@@ -142,7 +143,7 @@ class EventsApp(Celery):
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
         if not routed:
             logger.debug("fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, event_id)
-        logger.info("fired event=%s service=%s id=%s delay=%d", event, self.service, event_id, delay)
+        log_event("fired", event=event, service=self.service, event_id=event_id, delay=delay)
         return event_id
 
     @cached_property

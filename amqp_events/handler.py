@@ -45,13 +45,12 @@ from amqp_events.message import (
     utcnow,
     was_rejected,
 )
+from amqp_events.logs import log_event
 from amqp_events.retry import GiveUp, RetryPolicy
 from amqp_events.topology import event_queue_name
 
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
-
-logger = logging.getLogger("amqp_events")
 
 
 class BadArguments(TypeError):
@@ -211,20 +210,16 @@ class EventHandler(Task):
         return args, kwargs
 
     def _log(self, what: str, level: int = logging.INFO, **fields: Any) -> None:
-        if not logger.isEnabledFor(level):
-            return
         event = EventMetadata.from_headers(vars(self.request))
-        details = " ".join(f"{key}={value}" for key, value in fields.items())
-        logger.log(
-            level,
-            "%s event=%s service=%s handler=%s id=%s attempt=%d %s",
+        log_event(
             what,
-            event.name,
-            self.app.service,
-            self.handler_name,
-            event.id,
-            event.attempt,
-            details,
+            event=event.name,
+            service=self.app.service,
+            event_id=event.id,
+            attempt=event.attempt,
+            level=level,
+            handler=self.handler_name,
+            **fields,
         )
 
 

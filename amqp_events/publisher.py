@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 PERSISTENT = 2
 
 
-class PublishError(ConnectionError):
+class PublishError(RuntimeError):
     """The broker could not be reached, or did not confirm a message, in time."""
 
 

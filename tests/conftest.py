@@ -59,3 +59,19 @@ def producer(broker_url: str) -> Iterator[EventsApp]:
     app = events_app("tests", broker_url=broker_url)
     yield app
     app.close()
+
+
+@pytest.fixture
+def archive_of(producer: EventsApp) -> Callable[[str], Any]:
+    """``archive_of("orders")``: that service's archive, read through the test's producer app."""
+    from amqp_events.archive import Archive
+
+    return lambda service: Archive(producer, service)
+
+
+def wait_archived(archive: Any, count: int, timeout: float = 30.0) -> list[Any]:
+    return wait_for(
+        lambda: len(found := archive.list()) >= count and found,
+        timeout,
+        what=f"{count} archived messages in {archive.queue}",
+    )

@@ -8,6 +8,8 @@ import signal
 import time
 from typing import Any
 
+from celery.exceptions import Reject
+
 from amqp_events import PermanentFailure, current_event
 
 
@@ -35,13 +37,17 @@ def record(service: str, **fields: Any) -> None:
 
 def behave(task: Any, service: str, tag: str, how: dict[str, Any] | None) -> None:
     """Record this run, then fail, retry, crash or sleep as ``how`` says."""
-    how = how or {}
+    how = {} if os.environ.get("FIXED") else how or {}  # FIXED=1: "the fix is deployed"
     attempt = current_event().attempt
     record(service, tag=tag)
+    if how.get("only", service) != service:
+        return
     if how.get("sleep"):
         time.sleep(how["sleep"])
     if how.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if how.get("reject"):
+        raise Reject("rejected by the test", requeue=False)
     if how.get("permanent"):
         raise PermanentFailure(f"{tag} can never succeed")
     if "countdown" in how and attempt <= how.get("countdown_times", 1):

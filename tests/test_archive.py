@@ -1,0 +1,105 @@
+"""The archive: limits, listing without consuming, replay after a fix, purge, export/import (real broker)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from conftest import wait_archived
+
+from amqp_events import Reason
+from amqp_events.archive import Archive, Selection
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+
+
+def fill(worker, producer, archive, count, event="test.ping"):
+    """``count`` archived messages from real failing handlers (non-retryable: archived at once)."""
+    ids = [producer.fire(event, [f"p{n}"], {"how": {"permanent": True}}) for n in range(count)]
+    wait_archived(archive, count)
+    return ids
+
+
+def test_listing_does_not_consume(worker, producer, archive_of):
+    worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, 3)
+    assert [entry.id for entry in archive.list()] == ids
+    assert [entry.id for entry in archive.list()] == ids
+    assert archive.count() == 3
+    assert archive.get(ids[1]).reason == Reason.NON_RETRYABLE
+    assert archive.get("no-such-id") is None
+
+
+def test_replay_after_a_fix_handles_each_message_once_and_empties_the_archive(worker, producer, records, archive_of):
+    process = worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, 3)
+    process.stop()
+    worker("orders", env={"FIXED": "1"})  # the fix is deployed
+    report = archive.replay()
+    assert report.replayed == 3 and report.unroutable == []
+    for event_id in ids:
+        records.wait(2, id=event_id)
+    time.sleep(1)
+    assert archive.count() == 0
+    for event_id in ids:  # failed once, then handled once after the replay (attempt count reset)
+        assert [run["attempt"] for run in records.all(id=event_id)] == [1, 1]
+
+
+def test_replay_selects_by_id_event_and_limit(worker, producer, archive_of):
+    process = worker("orders")
+    archive = archive_of("orders")
+    pings = fill(worker, producer, archive, 3)
+    producer.fire("test.orders_only", ["o"], {"how": {"permanent": True}})
+    wait_archived(archive, 4)
+    process.stop()
+    assert archive.replay(Selection.of(ids=[pings[1]])).replayed == 1
+    assert [entry.id for entry in archive.list()] == [pings[0], pings[2], archive.list()[-1].id]
+    assert archive.replay(Selection.of(event="test.orders_only")).replayed == 1
+    assert archive.replay(Selection.of(limit=1)).replayed == 1
+    assert [entry.id for entry in archive.list()] == [pings[2]]
+
+
+def test_purge_and_export_import_round_trip(worker, producer, archive_of, tmp_path):
+    worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, 3)
+    out = io.StringIO()
+    assert archive.export(out) == 3 and archive.count() == 3
+    assert archive.purge(Selection.of(ids=[ids[0]])) == 1
+    assert archive.purge() == 2 and archive.count() == 0
+    assert archive.load(io.StringIO(out.getvalue())) == 3
+    restored = archive.list()
+    assert [entry.id for entry in restored] == ids and {entry.reason for entry in restored} == {Reason.NON_RETRYABLE}
+
+
+@pytest.mark.parametrize("limit", [2])
+def test_the_archive_is_bounded_by_length_keeping_the_newest(limit, worker, producer, archive_of):
+    worker("orders", env={"AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": str(limit)})
+    archive = archive_of("orders")
+    ids = [producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(4)]
+    wait_for(lambda: archive.list() and archive.list()[-1].id == ids[-1], 20, what="the last message archived")
+    assert [entry.id for entry in archive.list()] == ids[-limit:]
+
+
+def test_the_archive_is_bounded_by_ttl(worker, producer, archive_of):
+    worker("orders", env={"AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": "1500"})
+    archive = archive_of("orders")
+    fill(worker, producer, archive, 1)
+    wait_for(lambda: archive.count() == 0, 10, what="the archived message to expire")
+
+
+def test_zero_limits_mean_unbounded_not_drop_everything(worker, producer, archive_of):
+    worker("orders", env={"AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": "0", "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "0"})
+    archive = archive_of("orders")
+    fill(worker, producer, archive, 3)
+    time.sleep(1)
+    assert archive.count() == 3
+
+
+def test_an_archive_that_does_not_exist_is_a_clear_error(producer):
+    with pytest.raises(Exception, match="NOT_FOUND.*nobody.archive"):
+        Archive(producer, "nobody").list()

@@ -1,0 +1,89 @@
+"""Messages a worker cannot run are archived with a reason; the worker keeps serving (real broker)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from conftest import wait_archived
+from kombu import Connection
+
+from amqp_events import Reason
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+
+VALID_HEADERS = {"task": "test.ping", "id": "bad-1", "lang": "py", "retries": 0}
+
+
+def publish_raw(broker_url, body, routing_key="test.ping", headers=None, content_type="application/json"):
+    with Connection(broker_url) as connection:
+        producer = connection.Producer()
+        producer.publish(
+            body,
+            exchange="events",
+            routing_key=routing_key,
+            headers=VALID_HEADERS if headers is None else headers,
+            content_type=content_type,
+            content_encoding="utf-8" if content_type == "application/json" else "binary",
+            serializer=None,
+        )
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "content_type", "reason"),
+    [
+        (b"{not json", None, "application/json", Reason.UNDECODABLE),
+        (b'"a string, not [args, kwargs, embed]"', None, "application/json", Reason.UNDECODABLE),
+        (b'[[], {}, {}]', {"id": "no-task-header"}, "application/json", Reason.UNDECODABLE),
+        (pickle.dumps(([], {}, {})), None, "application/x-python-serialize", Reason.FORBIDDEN_CONTENT_TYPE),
+        (b"[" * 100_000 + b"]" * 100_000, None, "application/json", Reason.UNDECODABLE),
+    ],
+    ids=["garbage", "wrong-shape", "no-task-header", "pickle", "deeply-nested"],
+)
+def test_a_message_that_cannot_be_decoded_is_archived_and_the_worker_goes_on(
+    body, headers, content_type, reason, worker, producer, broker_url, records, archive_of
+):
+    process = worker("orders")
+    publish_raw(broker_url, body, headers=headers, content_type=content_type)
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == reason
+    assert archived.body == body and archived.content_type == content_type  # kept byte for byte
+    assert archived.queue == "orders:test.ping"
+    assert "cannot run: reason=" + reason in process.log()
+    producer.fire("test.ping", ["still serving"], {})
+    records.wait(1)
+    assert process.is_running()
+
+
+def test_an_event_this_service_has_no_handler_for_is_archived_not_looped(worker, producer, broker_url, archive_of):
+    process = worker("orders")
+    with Connection(broker_url) as connection:  # a message in orders' queue for an unknown event
+        connection.Producer().publish(
+            [[], {}, {}],
+            exchange="",
+            routing_key="orders:test.ping",
+            headers={**VALID_HEADERS, "task": "no.such.event"},
+            serializer="json",
+        )
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.UNKNOWN_EVENT and archived.event == "no.such.event"
+    assert "no handler for event 'no.such.event'" in archived.exception_message
+    wait_for(lambda: "cannot run: reason=unknown_event" in process.log(), 5)
+
+
+def test_arguments_that_do_not_fit_the_handler_are_archived(worker, producer, records, archive_of):
+    worker("orders")
+    event_id = producer.fire("billing.invoice.paid", [1], {"currency": "EUR"})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.id == event_id and archived.reason == Reason.BAD_ARGUMENTS and archived.attempts == 0
+    assert "on_invoice_paid(invoice_id: int, amount: str)" in archived.exception_message
+    assert archived.payload[:2] == [[1], {"currency": "EUR"}]
+    assert records.all() == []
+
+
+def test_a_typed_event_that_does_not_validate_is_archived(worker, producer, archive_of):
+    worker("orders")
+    producer.fire("users.registered_model", [], {"user_id": "not-a-uuid", "email": "x"})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.BAD_ARGUMENTS and "UserRegisteredModel" in archived.exception_message

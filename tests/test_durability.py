@@ -1,0 +1,54 @@
+"""Events and delayed retries survive a restart of the broker (real broker, restarted by the test)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.broker
+
+
+@pytest.fixture
+def node(rabbitmq):
+    if rabbitmq.node is None:
+        pytest.skip("needs the harness's own node (not $AMQP_URL) to restart it")
+    return rabbitmq.node
+
+
+def test_events_fired_before_a_broker_restart_are_handled_after_it(node, worker, producer, records):
+    worker("orders").stop()
+    ids = [producer.fire("test.ping", [str(n)], {}) for n in range(5)]
+    node.stop()
+    node.start()
+    worker("orders")
+    assert sorted(r["id"] for r in records.wait(5)) == sorted(ids)
+
+
+def test_a_delayed_retry_survives_a_broker_crash_and_is_never_early(node, worker, producer, records):
+    process = worker("orders")
+    producer.fire("test.ping", ["slow"], {"how": {"countdown": 12}})
+    [first] = records.wait(1)
+    process.stop()
+    node.kill()  # a crash, not a clean stop
+    node.start()
+    worker("orders")
+    first, second = records.wait(2, timeout=60)
+    assert second["time"] - first["time"] >= 12
+
+
+def test_firing_while_the_broker_is_down_raises_within_the_timeout(node, broker_url):
+    from amqp_events import PublishError, events_app
+
+    app = events_app("tests", broker_url=broker_url, amqp_events_publish_timeout=3)
+    app.fire("test.ping", ["warm up"], {})
+    node.stop()
+    try:
+        started = time.monotonic()
+        with pytest.raises(PublishError, match="within 3s"):
+            app.fire("test.ping", ["lost?"], {})
+        assert time.monotonic() - started < 3 + 5  # plus at most one connection attempt
+    finally:
+        node.start()
+    app.fire("test.ping", ["back"], {})  # the pool reconnects by itself
+    app.close()

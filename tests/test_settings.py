@@ -1,0 +1,48 @@
+"""Settings, safe defaults and environment variables: no broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqp_events import events_app
+from amqp_events.settings import Settings, environment_defaults
+
+
+def test_safe_defaults_are_applied():
+    conf = events_app("orders").conf
+    assert conf.task_acks_late is True
+    assert conf.task_reject_on_worker_lost is True
+    assert conf.task_acks_on_failure_or_timeout is False
+    assert conf.accept_content == ["json"] and conf.task_serializer == "json"
+    assert conf.broker_transport_options["confirm_publish"] is True
+    assert not conf.result_backend
+
+
+def test_any_default_can_be_overridden_by_arguments_or_later_configuration():
+    app = events_app("orders", task_acks_late=False)
+    assert app.conf.task_acks_late is False
+    app.config_from_object({"task_reject_on_worker_lost": False})
+    assert app.conf.task_reject_on_worker_lost is False
+
+
+def test_environment_variables_are_read_when_the_app_is_created(monkeypatch):
+    monkeypatch.setenv("AMQP_EVENTS_MAX_RETRIES", "4")
+    monkeypatch.setenv("AMQP_EVENTS_ARCHIVED_MESSAGE_TTL", "60000")
+    monkeypatch.setenv("AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH", "0")
+    app = events_app("orders")
+    monkeypatch.setenv("AMQP_EVENTS_MAX_RETRIES", "9")  # too late for this app
+    settings = app.events_settings
+    assert (settings.max_retries, settings.archive_ttl_ms, settings.archive_max_length) == (4, 60000, 0)
+
+
+def test_app_settings_take_precedence_over_the_environment(monkeypatch):
+    monkeypatch.setenv("AMQP_EVENTS_MAX_RETRIES", "4")
+    assert events_app("orders", amqp_events_max_retries=2).events_settings.max_retries == 2
+
+
+def test_bad_values_are_clear_errors(monkeypatch):
+    monkeypatch.setenv("AMQP_EVENTS_MAX_RETRIES", "many")
+    with pytest.raises(ValueError, match="AMQP_EVENTS_MAX_RETRIES"):
+        environment_defaults()
+    with pytest.raises(ValueError, match="max_retries"):
+        Settings(max_retries=-1)

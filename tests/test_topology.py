@@ -1,0 +1,94 @@
+"""Topology calculation: pure, no broker."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqp_events import delays
+from amqp_events.settings import Settings
+from amqp_events.topology import (
+    InvalidName,
+    archive_queue_name,
+    event_queue_name,
+    service_topology,
+)
+
+
+def topology(settings: Settings | None = None, events=("billing.invoice.paid", "users.registered")):
+    return service_topology("orders", events, settings or Settings())
+
+
+def test_one_quorum_queue_per_handled_event_bound_to_the_events_exchange():
+    queues = {queue.name: queue for queue in topology().event_queues}
+    assert set(queues) == {"orders:billing.invoice.paid", "orders:users.registered"}
+    queue = queues["orders:billing.invoice.paid"]
+    assert (queue.exchange.name, queue.exchange.type, queue.routing_key) == ("events", "topic", "billing.invoice.paid")
+    assert queue.durable and not queue.auto_delete
+    assert queue.queue_arguments["x-queue-type"] == "quorum"
+
+
+def test_rejected_messages_dead_letter_back_to_their_own_queue_without_delay():
+    queue = topology().queue("orders:billing.invoice.paid")
+    arguments = queue.queue_arguments
+    assert arguments["x-dead-letter-exchange"] == delays.DELIVERY_EXCHANGE
+    assert delays.decode_routing_key(arguments["x-dead-letter-routing-key"]) == (0, "queue.orders:billing.invoice.paid")
+    assert arguments["x-dead-letter-strategy"] == "at-least-once"
+
+
+def test_event_queues_receive_delayed_fires_of_their_event_and_messages_sent_to_them_alone():
+    links = [
+        link.routing_key
+        for link in topology().bindings
+        if getattr(link.destination, "name", "") == "orders:billing.invoice.paid"
+    ]
+    stars = "*." * delays.LEVELS
+    assert sorted(links) == sorted(
+        [stars + "event.billing.invoice.paid", stars + "queue.orders:billing.invoice.paid"]
+    )
+    assert all(link.source.name == delays.DELIVERY_EXCHANGE for link in topology().bindings if link.routing_key in links)
+
+
+def test_the_delay_ladder_has_one_queue_per_power_of_two_shared_by_all_services():
+    ladder = [queue for queue in topology().queues if queue.name.startswith("amqp_events.delay.")]
+    assert len(ladder) == delays.LEVELS == 22
+    ttls = sorted(queue.queue_arguments["x-message-ttl"] for queue in ladder)
+    assert ttls == [2**level * 1000 for level in range(22)]
+    for queue in ladder:
+        assert queue.queue_arguments["x-dead-letter-strategy"] == "at-least-once"
+        assert queue.queue_arguments["x-overflow"] == "reject-publish"
+    other = service_topology("shipping", ["x.y"], Settings())
+    assert [q.name for q in other.queues if q.name.startswith("amqp_events.delay.")] == [q.name for q in ladder]
+
+
+def test_the_queue_count_does_not_grow_with_events_or_retries():
+    few = topology(events=["a.b"])
+    many = topology(events=[f"e{n}.x" for n in range(50)])
+    assert len(many.queues) - len(few.queues) == 49  # only the event queues themselves
+    assert len(few.queues) == delays.LEVELS + 1 + 1 + 1  # ladder, unroutable, archive, one event queue
+
+
+def test_archive_limits_and_zero_meaning_unbounded():
+    bounded = topology(Settings(archive_ttl_ms=1000, archive_max_length=5)).archive
+    assert bounded.name == archive_queue_name("orders") == "orders.archive"
+    assert bounded.queue_arguments["x-message-ttl"] == 1000
+    assert bounded.queue_arguments["x-max-length"] == 5
+    unbounded = topology(Settings(archive_ttl_ms=0, archive_max_length=0)).archive
+    assert "x-message-ttl" not in unbounded.queue_arguments
+    assert "x-max-length" not in unbounded.queue_arguments
+
+
+@pytest.mark.parametrize("service", ["", "a.b", "a:b", "a b", None])
+def test_bad_service_names_are_refused(service):
+    with pytest.raises(InvalidName):
+        event_queue_name(service, "a.b")
+
+
+@pytest.mark.parametrize("event", ["", "a..b", "a.*", "a.#", ".a", "celery.backend_cleanup", "a b"])
+def test_bad_event_names_are_refused(event):
+    with pytest.raises(InvalidName):
+        event_queue_name("orders", event)
+
+
+def test_a_custom_events_exchange():
+    queue = topology(Settings(exchange="company.events")).queue("orders:users.registered")
+    assert queue.exchange.name == "company.events"

@@ -1,0 +1,34 @@
+"""A handler that kills its worker is retried a bounded number of times, then archived (real broker)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import wait_archived
+
+from amqp_events import Reason
+
+pytestmark = pytest.mark.broker
+
+
+def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(worker, producer, records, archive_of):
+    process = worker("orders", pool="prefork", concurrency=1)
+    event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
+    [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
+    assert archived.id == event_id and archived.reason == Reason.WORKER_LOST
+    assert archived.exception_type.endswith("WorkerLost") and archived.attempts == 3
+    assert len(records.all(id=event_id)) == 3  # the default amqp_events_max_deliveries
+    assert process.is_running()
+    producer.fire("test.ping", ["next"], {})
+    records.wait(1, tag="next")
+
+
+def test_a_solo_worker_killed_by_its_handler_and_restarted_ends_the_loop_too(worker, producer, records, archive_of):
+    worker("orders").stop()  # declares the queues
+    event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
+    for crash in range(3):
+        process = worker("orders", ready=False)
+        assert process.wait(30) is not None, "the handler should have killed its worker"
+        assert len(records.all(id=event_id)) == crash + 1
+    worker("orders")
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.id == event_id and archived.reason == Reason.WORKER_LOST

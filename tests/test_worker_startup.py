@@ -1,0 +1,46 @@
+"""What a worker does at start-up: declare its topology, or stop with a clear message (real broker)."""
+
+from __future__ import annotations
+
+import pytest
+from kombu import Connection
+
+from amqp_events import TopologyMismatch, events_app
+from amqp_events.declare import declare_topology
+
+pytestmark = pytest.mark.broker
+
+
+def test_a_worker_declares_the_whole_topology(worker, rabbitmq, vhost):
+    worker("orders")
+    queues = {queue["name"]: queue for queue in rabbitmq.management.queues(vhost)}
+    assert "orders:test.ping" in queues and "orders.archive" in queues
+    assert len([name for name in queues if name.startswith("amqp_events.delay.")]) == 22
+    assert queues["orders:test.ping"]["arguments"]["x-queue-type"] == "quorum"
+
+
+def test_a_queue_with_other_arguments_stops_the_worker_with_a_clear_message(worker, broker_url):
+    with Connection(broker_url) as connection:  # a classic queue, declared by hand
+        connection.default_channel.queue_declare("orders:test.ping", durable=True, auto_delete=False)
+    process = worker("orders", ready=False)
+    assert process.wait(60) is not None, "the worker kept running"
+    assert process.process.returncode != 0
+    log = process.log()
+    assert "queue 'orders:test.ping'" in log and "already exists with x-" in log
+    assert "=(not set), but this service declares x-" in log  # the argument, both values
+    assert "rabbitmqctl delete_queue 'orders:test.ping'" in log  # how to fix it
+    assert " ready." not in log
+
+
+def test_topology_mismatch_names_queue_argument_values_and_fix(broker_url):
+    app = events_app("orders", broker_url=broker_url, amqp_events_archive_max_length=5)
+    app.declare_topology()
+    changed = events_app("orders", broker_url=broker_url, amqp_events_archive_max_length=6)
+    with pytest.raises(TopologyMismatch) as error, changed.connection_for_write() as connection:
+        declare_topology(connection, changed.topology)
+    message = str(error.value)
+    assert "queue 'orders.archive'" in message
+    assert "x-max-length=5" in message.replace("'", "") and "x-max-length=6" in message.replace("'", "")
+    assert error.value.name == "orders.archive" and error.value.argument == "x-max-length"
+    app.close()
+    changed.close()
