@@ -28,6 +28,6 @@ __all__ = [
     "RetryPolicy",
     "TopologyMismatch",
     "TopologyMissing",
-    "events_app",
     "current_event",
+    "events_app",
 ]

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 from functools import cached_property
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from amqp.exceptions import NotFound
 from celery import Celery, Task
@@ -21,7 +21,13 @@ from amqp_events.logs import log_event
 from amqp_events.message import OutgoingMessage, event_envelope
 from amqp_events.publisher import Publisher
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults
-from amqp_events.topology import Topology, check_event_name, check_service_name, events_exchange, service_topology
+from amqp_events.topology import (
+    Topology,
+    check_event_name,
+    check_service_name,
+    events_exchange,
+    service_topology,
+)
 
 logger = logging.getLogger("amqp_events")
 
@@ -43,7 +49,7 @@ class EventsAMQP(AMQP):
 
     @kombu_cached_property
     def queues(self) -> Any:
-        app = self.app
+        app = cast("EventsApp", self.app)
         return self.Queues([*app.topology.event_queues, *(app.conf.task_queues or ())])
 
 
@@ -140,9 +146,13 @@ class EventsApp(Celery):
                 "service, or run `amqp-events -A <app> topology declare`."
             ) from exc
         if delay and not routed:
-            raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
+            raise TopologyMissing(
+                f"cannot delay {event!r}: a delay queue is missing; declare the topology again"
+            )
         if not routed:
-            logger.debug("fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, event_id)
+            logger.debug(
+                "fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, event_id
+            )
         log_event("fired", event=event, service=self.service, event_id=event_id, delay=delay)
         return event_id
 
@@ -221,9 +231,14 @@ class EventsApp(Celery):
             if isinstance(target, type) and issubclass(target, Task):
                 bases = (target,) if issubclass(target, EventHandler) else (target, EventHandler)
                 namespace = {"name": name, "handler_name": described, "__module__": target.__module__}
-                self.register_task(type(target.__name__, bases, {**namespace, **attributes}))
+                self.register_task(
+                    type(target.__name__, cast(tuple[type, ...], bases), {**namespace, **attributes})
+                )
             else:
-                self.task(name=name, base=EventHandler, bind=bind, handler_name=described, **attributes)(target)
+                function = cast(Callable[..., Any], target)
+                self.task(name=name, base=EventHandler, bind=bind, handler_name=described, **attributes)(
+                    function
+                )
             self._handlers[name] = described
             return target
 
@@ -240,7 +255,8 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
     ``AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH`` are read now, below app settings.
     """
     app = EventsApp(service)
-    app.add_defaults({**CELERY_DEFAULTS, **environment_defaults()})
+    defaults = {**CELERY_DEFAULTS, **environment_defaults()}
+    app.add_defaults(lambda: defaults)
     if celery_settings:
         app.conf.update(celery_settings)
     return app

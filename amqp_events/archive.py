@@ -135,7 +135,9 @@ class ArchivedMessage:
     def from_json(cls, data: dict[str, Any]) -> ArchivedMessage:
         raw = data["body"]
         body = base64.b64decode(raw) if data.get("body_encoding") == "base64" else raw.encode("utf-8")
-        return cls.from_parts(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
+        return cls.from_parts(
+            dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding")
+        )
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,11 @@ class Selection:
 
     @classmethod
     def of(
-        cls, ids: Iterable[str] = (), event: str | None = None, reason: str | None = None, limit: int | None = None
+        cls,
+        ids: Iterable[str] = (),
+        event: str | None = None,
+        reason: str | None = None,
+        limit: int | None = None,
     ) -> Selection:
         return cls(frozenset(ids), event, reason, limit)
 
@@ -182,7 +188,8 @@ class Archive:
     def count(self) -> int:
         """Messages in the archive right now (without touching them)."""
         with self.app.connection_for_write() as connection:
-            return int(connection.default_channel.queue_declare(self.queue, passive=True).message_count)
+            channel: Any = connection.default_channel
+            return int(channel.queue_declare(self.queue, passive=True).message_count)
 
     def list(self, selection: Selection = EVERYTHING) -> list[ArchivedMessage]:
         """The archived messages that match, oldest first. Nothing is consumed."""
@@ -207,7 +214,11 @@ class Archive:
                     ack()
                     report.replayed += 1
                     log_event(
-                        "replayed", event=archived.event, service=self.service, event_id=archived.id, queue=archived.queue
+                        "replayed",
+                        event=archived.event,
+                        service=self.service,
+                        event_id=archived.id,
+                        queue=archived.queue,
                     )
                     if on_replayed:
                         on_replayed(archived)
@@ -239,10 +250,15 @@ class Archive:
                 archived = ArchivedMessage.from_json(json.loads(line))
                 self.app.publish_routed(
                     OutgoingMessage(
-                        "", self.queue, archived.headers, archived.body, archived.id,
-                        archived.content_type or "application/octet-stream", archived.content_encoding or "binary",
+                        exchange="",
+                        routing_key=self.queue,
+                        headers=archived.headers,
+                        body=archived.body,
+                        message_id=archived.id,
+                        content_type=archived.content_type or "application/octet-stream",
+                        content_encoding=archived.content_encoding or "binary",
                     )
-                )  # fmt: skip
+                )
                 loaded += 1
         return loaded
 
@@ -250,7 +266,7 @@ class Archive:
     def _browse(self) -> Iterator[Iterator[tuple[ArchivedMessage, Callable[[], None]]]]:
         """Fetch every message unacked; whatever is not acked goes back when the channel closes."""
         with self.app.connection_for_write() as connection:
-            channel = connection.channel()
+            channel: Any = connection.channel()
             channel.queue_declare(self.queue, passive=True)  # a clear 404 when it does not exist
             try:
                 yield _fetch_all(channel, self.queue)
@@ -259,7 +275,7 @@ class Archive:
 
 
 def replay_message(archived: ArchivedMessage) -> OutgoingMessage:
-    """The copy a replay publishes: original body, envelope headers, retry count reset, straight to its queue."""
+    """What a replay publishes: the original body and envelope, retry count reset, straight to its queue."""
     return OutgoingMessage(
         exchange="",
         routing_key=archived.queue,

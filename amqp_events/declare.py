@@ -41,7 +41,8 @@ class TopologyMismatch(RuntimeError):
             f"{kind} {name!r} in vhost {vhost!r} already exists with {argument}={current}, but this service "
             f"declares {argument}={wanted}. RabbitMQ never changes an existing {kind}'s arguments. Fix: move "
             f"its messages elsewhere and delete it ({removal}), then start the worker again; or change the "
-            f"app's settings so that they match. `amqp-events -A <app> topology check` lists every difference.",
+            f"app's settings so that they match. `amqp-events -A <app> topology check` lists every "
+            "difference.",
             kind=kind,
             name=name,
             argument=argument,

@@ -75,7 +75,7 @@ def event_class(app: EventsApp, name: str, cls: C) -> C:
 
 def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
     if dataclasses.is_dataclass(cls):
-        return dataclasses.asdict  # type: ignore[return-value]
+        return dataclasses.asdict
     if callable(getattr(cls, "model_dump", None)) and hasattr(cls, "model_validate"):
         return _pydantic_payload
     raise TypeError(f"@app.event on a class needs a dataclass or a pydantic model, not {cls.__qualname__}")

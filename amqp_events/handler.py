@@ -27,6 +27,7 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry
 
 from amqp_events import delays
+from amqp_events.logs import log_event
 from amqp_events.message import (
     EMPTY_EMBED,
     FIRST_FAILURE_AT,
@@ -45,7 +46,6 @@ from amqp_events.message import (
     utcnow,
     was_rejected,
 )
-from amqp_events.logs import log_event
 from amqp_events.retry import GiveUp, RetryPolicy
 from amqp_events.topology import event_queue_name
 
@@ -105,7 +105,9 @@ class EventHandler(Task):
         retries = int(request.retries or 0)
         deliveries = earlier_deliveries(headers)
         if deliveries >= self.app.events_settings.max_deliveries:
-            lost = WorkerLost(f"delivered {deliveries} times before without an ack: the worker running it died")
+            lost = WorkerLost(
+                f"delivered {deliveries} times before without an ack: the worker running it died"
+            )
             raise self._give_up(Reason.WORKER_LOST, lost, attempts=retries + deliveries)
         if was_rejected(headers, self.queue_name):
             raise self._after_failure(Rejected("the message was rejected without requeue"))
@@ -123,7 +125,7 @@ class EventHandler(Task):
         self._log("handled", seconds=f"{time.monotonic() - started:.3f}")
         return result
 
-    def retry(  # type: ignore[override]
+    def retry(
         self,
         args: Any = None,
         kwargs: Any = None,
@@ -142,7 +144,9 @@ class EventHandler(Task):
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
         error = exc or RetryRequested("the handler asked to be retried")
-        outcome = self._after_failure(error, countdown=countdown, max_retries=max_retries, args=args, kwargs=kwargs)
+        outcome = self._after_failure(
+            error, countdown=countdown, max_retries=max_retries, args=args, kwargs=kwargs
+        )
         if throw:
             raise outcome
         return outcome
@@ -165,15 +169,20 @@ class EventHandler(Task):
         headers = vars(request)
         first_failure_at = parse_time(headers.get(FIRST_FAILURE_AT)) or utcnow()
         copy = copy_headers(headers, retries + 1, **{FIRST_FAILURE_AT: isoformat(first_failure_at)})
-        body = [list(request.args if args is None else args), dict(request.kwargs if kwargs is None else kwargs)]
+        body = [
+            list(request.args or () if args is None else args),
+            dict(request.kwargs or {} if kwargs is None else kwargs),
+        ]
         if decision.delay:
             exchange = delays.entry_exchange()
             routing_key = delays.routing_key(decision.delay, delays.queue_destination(self.queue_name))
         else:
             exchange, routing_key = "", self.queue_name
-        self.app.publish_routed(OutgoingMessage(exchange, routing_key, copy, [*body, EMPTY_EMBED], str(request.id)))
+        self.app.publish_routed(
+            OutgoingMessage(exchange, routing_key, copy, [*body, EMPTY_EMBED], str(request.id))
+        )
         self._log("retrying", delay=decision.delay, error=_describe(exc))
-        return Retry(exc=exc if isinstance(exc, Exception) else None, when=decision.delay)
+        return Retry(exc=exc if isinstance(exc, Exception) else None, when=float(decision.delay))
 
     def _give_up(self, reason: str, exc: BaseException, attempts: int) -> Ignore:
         request = self.request
@@ -184,7 +193,7 @@ class EventHandler(Task):
         delivery_info = request.delivery_info or {}
         delivered = Delivered(
             headers=copy_headers(headers, int(request.retries or 0)),
-            body=json_body([list(request.args), dict(request.kwargs), EMPTY_EMBED]),
+            body=json_body([list(request.args or ()), dict(request.kwargs or {}), EMPTY_EMBED]),
             content_type=JSON,
             content_encoding="utf-8",
             exchange=delivery_info.get("exchange") or "",
@@ -197,16 +206,22 @@ class EventHandler(Task):
 
     # -- helpers ----------------------------------------------------------
 
-    def _fit_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _fit_arguments(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.event_class is not None:
             try:
                 return (self.event_class(*args, **kwargs),), {}
             except Exception as exc:
-                raise BadArguments(f"cannot build {self.event_class.__name__} from the payload: {exc}") from exc
+                raise BadArguments(
+                    f"cannot build {self.event_class.__name__} from the payload: {exc}"
+                ) from exc
         try:
             self._signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
+            raise BadArguments(
+                f"{self.handler_name}{self._signature} cannot take this payload: {exc}"
+            ) from exc
         return args, kwargs
 
     def _log(self, what: str, level: int = logging.INFO, **fields: Any) -> None:

@@ -10,6 +10,7 @@ processes, also from another process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -237,9 +238,7 @@ class LocalBroker:
         last_error: Exception | None = None
         while time.monotonic() < deadline:
             if not _alive(state.server_pid):
-                raise LocalBrokerError(
-                    f"RabbitMQ exited during start-up; its log says:\n{self.log_tail()}"
-                )
+                raise LocalBrokerError(f"RabbitMQ exited during start-up; its log says:\n{self.log_tail()}")
             try:
                 connection = amqp.Connection(f"127.0.0.1:{state.amqp_port}", connect_timeout=2)
                 connection.connect()
@@ -298,10 +297,8 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _terminate(pid: int, timeout: float, also: int = 0) -> None:

@@ -17,7 +17,9 @@ class ManagementError(RuntimeError):
 class ManagementAPI:
     """Calls ``/api/...`` on a RabbitMQ node's management plugin."""
 
-    def __init__(self, base_url: str, user: str = "guest", password: str = "guest", timeout: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str, user: str = "guest", password: str = "guest", timeout: float = 30.0
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self._authorization = "Basic " + b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout
@@ -41,7 +43,9 @@ class ManagementAPI:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
-            raise ManagementError(f"{method} {path}: HTTP {exc.code} {exc.read().decode(errors='replace')}") from exc
+            raise ManagementError(
+                f"{method} {path}: HTTP {exc.code} {exc.read().decode(errors='replace')}"
+            ) from exc
         except (urllib.error.URLError, OSError) as exc:
             raise ManagementError(f"cannot reach the management API at {self.base_url}: {exc}") from exc
         return json.loads(payload) if payload else None
@@ -50,7 +54,11 @@ class ManagementAPI:
         """Create ``vhost`` and give ``user`` every permission on it."""
         quoted = _quote(vhost)
         self.request("PUT", f"/api/vhosts/{quoted}", {})
-        self.request("PUT", f"/api/permissions/{quoted}/{_quote(user)}", {"configure": ".*", "write": ".*", "read": ".*"})
+        self.request(
+            "PUT",
+            f"/api/permissions/{quoted}/{_quote(user)}",
+            {"configure": ".*", "write": ".*", "read": ".*"},
+        )
 
     def delete_vhost(self, vhost: str) -> None:
         self.request("DELETE", f"/api/vhosts/{_quote(vhost)}")

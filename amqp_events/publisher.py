@@ -21,10 +21,6 @@ class PublishError(RuntimeError):
     """The broker could not be reached, or did not confirm a message, in time."""
 
 
-class Unroutable(LookupError):
-    """The broker confirmed a message but no queue was bound to receive it."""
-
-
 class Publisher:
     """Publishes :class:`OutgoingMessage` objects through a Celery app's producer pool.
 
@@ -46,21 +42,25 @@ class Publisher:
         """Publish ``message``; ``True`` if a queue received it, ``False`` if it was unroutable."""
         deadline = time.monotonic() + self.timeout
 
-        def give_up_after_deadline(exc: BaseException, interval: float) -> None:
-            if time.monotonic() + interval >= deadline:
-                raise PublishError(
-                    f"could not publish {message.headers.get('task')!r} to {message.exchange or 'the default exchange'!r}"
-                    f" on {self.app.conf.broker_url!r} within {self.timeout:g}s: {exc}"
-                ) from exc
-            logger.warning("broker unavailable (%s), publishing again in %.1fs", exc, interval)
-
         with self.app.producer_pool.acquire(block=True, timeout=self.timeout) as producer:
-            ensured_publish = producer.connection.ensure(
+            connection = producer.connection
+            assert connection is not None
+
+            def give_up_after_deadline(exc: BaseException, interval: float) -> None:
+                if time.monotonic() + interval >= deadline:
+                    raise PublishError(
+                        f"could not publish {message.headers.get('task')!r} to "
+                        f"{message.exchange or 'the default exchange'!r} on {connection.as_uri()} "
+                        f"within {self.timeout:g}s: {exc}"
+                    ) from exc
+                logger.warning("broker unavailable (%s), publishing again in %.1fs", exc, interval)
+
+            ensured_publish = connection.ensure(
                 producer,
                 self._publish_once,
                 errback=give_up_after_deadline,
                 interval_start=0,
-                interval_step=0.5,
+                interval_step=1,
                 interval_max=1,
             )
             return bool(ensured_publish(producer, message, deadline))

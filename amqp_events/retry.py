@@ -85,7 +85,7 @@ class RetryPolicy:
         ``countdown`` and ``max_retries`` are a ``self.retry(...)`` call's own
         values; they apply to this decision only and are never stored.
         """
-        if isinstance(exc, PermanentFailure) or isinstance(exc, self.dont_retry):
+        if isinstance(exc, (PermanentFailure, *self.dont_retry)):
             return GiveUp(Reason.NON_RETRYABLE)
         limit = self.max_retries if max_retries is None else max_retries
         if retries >= limit:

@@ -6,7 +6,7 @@ Everything here is plain data; :func:`amqp_events.app.events_app` applies it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -101,7 +101,7 @@ def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, i
 
 
 def _coerce(kind: Any, value: Any, name: str) -> Any:
-    converters = {"int": int, "float": float, "str": str, "bool": _to_bool}
+    converters: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str, "bool": _to_bool}
     try:
         return converters[str(kind)](value)
     except (KeyError, TypeError, ValueError):

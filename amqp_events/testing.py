@@ -16,6 +16,7 @@ Every wait has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -145,10 +146,8 @@ class WorkerProcess:
         return "\n".join(self.log().splitlines()[-lines:])
 
     def _signal_group(self, sig: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 @pytest.fixture(scope="session")
@@ -224,9 +223,11 @@ def start_worker(
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
-    outcome = yield
+    outcome: Any = yield
     report = outcome.get_result()
     workers = getattr(item, "amqp_events_workers", [])
     if report.failed and call.when == "call":
         for worker in workers:
-            report.sections.append((f"worker log {' '.join(worker.argv[3:5])} pid {worker.pid}", worker.log_tail()))
+            report.sections.append(
+                (f"worker log {' '.join(worker.argv[3:5])} pid {worker.pid}", worker.log_tail())
+            )

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import signals
 from celery.exceptions import InvalidTaskError
@@ -32,11 +32,17 @@ from amqp_events.declare import TopologyMismatch, declare_topology
 from amqp_events.message import Delivered, Failure, Reason, archived_message
 from amqp_events.topology import InvalidName, event_queue_name
 
+if TYPE_CHECKING:
+    from amqp_events.app import EventsApp
+
 logger = logging.getLogger("amqp_events")
 
 
 class EventConsumer(Consumer):
     """Celery's task consumer for an :class:`~amqp_events.app.EventsApp` worker."""
+
+    app: EventsApp
+    hub: Any
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,7 +78,9 @@ class EventConsumer(Consumer):
                 return self.on_decode_error(message, exc)
             if not _is_task_body(body):
                 return self.on_invalid_task(
-                    body, message, InvalidTaskError("the body is not a Celery task body [args, kwargs, embed]")
+                    body,
+                    message,
+                    InvalidTaskError("the body is not a Celery task body [args, kwargs, embed]"),
                 )
             return run(message)
 
@@ -84,7 +92,9 @@ class EventConsumer(Consumer):
         self.archive_unrunnable(message, Reason.UNDECODABLE, exc)
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        self.archive_unrunnable(message, Reason.UNDECODABLE, InvalidTaskError("no 'task' header: not an event"))
+        self.archive_unrunnable(
+            message, Reason.UNDECODABLE, InvalidTaskError("no 'task' header: not an event")
+        )
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = message.headers.get("task")
@@ -96,7 +106,7 @@ class EventConsumer(Consumer):
         self.archive_unrunnable(message, reason, exc)
 
     def archive_unrunnable(self, message: Message, reason: str, exc: Exception) -> None:
-        """Archive ``message`` with ``reason``, then ack it. On failure it stays unacked (redelivered later)."""
+        """Archive ``message`` with ``reason``, then ack it (if archiving fails it stays unacked)."""
         info = message.delivery_info or {}
         headers = message.headers if isinstance(message.headers, dict) else {}
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
@@ -114,7 +124,9 @@ class EventConsumer(Consumer):
             self.app.publish_routed(archived_message(delivered, failure, self.app.service, ""))
         except Exception:
             logger.exception(
-                "could not archive a message service %r cannot run (%s); it stays on the broker", self.app.service, reason
+                "could not archive a message service %r cannot run (%s); it stays on the broker",
+                self.app.service,
+                reason,
             )
             return
         message.ack()

@@ -35,7 +35,7 @@ def publish_raw(broker_url, body, routing_key="test.ping", headers=None, content
     [
         (b"{not json", None, "application/json", Reason.UNDECODABLE),
         (b'"a string, not [args, kwargs, embed]"', None, "application/json", Reason.UNDECODABLE),
-        (b'[[], {}, {}]', {"id": "no-task-header"}, "application/json", Reason.UNDECODABLE),
+        (b"[[], {}, {}]", {"id": "no-task-header"}, "application/json", Reason.UNDECODABLE),
         (pickle.dumps(([], {}, {})), None, "application/x-python-serialize", Reason.FORBIDDEN_CONTENT_TYPE),
         (b"[" * 100_000 + b"]" * 100_000, None, "application/json", Reason.UNDECODABLE),
     ],
@@ -56,7 +56,9 @@ def test_a_message_that_cannot_be_decoded_is_archived_and_the_worker_goes_on(
     assert process.is_running()
 
 
-def test_an_event_this_service_has_no_handler_for_is_archived_not_looped(worker, producer, broker_url, archive_of):
+def test_an_event_this_service_has_no_handler_for_is_archived_not_looped(
+    worker, producer, broker_url, archive_of
+):
     process = worker("orders")
     with Connection(broker_url) as connection:  # a message in orders' queue for an unknown event
         connection.Producer().publish(

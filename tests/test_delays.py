@@ -16,7 +16,7 @@ def passes(delay: int) -> list[int]:
     for level in reversed(range(delays.LEVELS)):
         pattern = delays.bit_pattern(level, "1").split(".")
         words = key.split(".")
-        if all(p in ("*", "#") or p == w for p, w in zip(pattern[:-1], words)):
+        if all(p in ("*", "#") or p == w for p, w in zip(pattern[:-1], words, strict=False)):
             waited.append(level)
     return waited
 

@@ -22,7 +22,11 @@ def test_one_quorum_queue_per_handled_event_bound_to_the_events_exchange():
     queues = {queue.name: queue for queue in topology().event_queues}
     assert set(queues) == {"orders:billing.invoice.paid", "orders:users.registered"}
     queue = queues["orders:billing.invoice.paid"]
-    assert (queue.exchange.name, queue.exchange.type, queue.routing_key) == ("events", "topic", "billing.invoice.paid")
+    assert (queue.exchange.name, queue.exchange.type, queue.routing_key) == (
+        "events",
+        "topic",
+        "billing.invoice.paid",
+    )
     assert queue.durable and not queue.auto_delete
     assert queue.queue_arguments["x-queue-type"] == "quorum"
 
@@ -31,7 +35,10 @@ def test_rejected_messages_dead_letter_back_to_their_own_queue_without_delay():
     queue = topology().queue("orders:billing.invoice.paid")
     arguments = queue.queue_arguments
     assert arguments["x-dead-letter-exchange"] == delays.DELIVERY_EXCHANGE
-    assert delays.decode_routing_key(arguments["x-dead-letter-routing-key"]) == (0, "queue.orders:billing.invoice.paid")
+    assert delays.decode_routing_key(arguments["x-dead-letter-routing-key"]) == (
+        0,
+        "queue.orders:billing.invoice.paid",
+    )
     assert arguments["x-dead-letter-strategy"] == "at-least-once"
 
 
@@ -45,7 +52,11 @@ def test_event_queues_receive_delayed_fires_of_their_event_and_messages_sent_to_
     assert sorted(links) == sorted(
         [stars + "event.billing.invoice.paid", stars + "queue.orders:billing.invoice.paid"]
     )
-    assert all(link.source.name == delays.DELIVERY_EXCHANGE for link in topology().bindings if link.routing_key in links)
+    assert all(
+        link.source.name == delays.DELIVERY_EXCHANGE
+        for link in topology().bindings
+        if link.routing_key in links
+    )
 
 
 def test_the_delay_ladder_has_one_queue_per_power_of_two_shared_by_all_services():
@@ -57,7 +68,9 @@ def test_the_delay_ladder_has_one_queue_per_power_of_two_shared_by_all_services(
         assert queue.queue_arguments["x-dead-letter-strategy"] == "at-least-once"
         assert queue.queue_arguments["x-overflow"] == "reject-publish"
     other = service_topology("shipping", ["x.y"], Settings())
-    assert [q.name for q in other.queues if q.name.startswith("amqp_events.delay.")] == [q.name for q in ladder]
+    assert [q.name for q in other.queues if q.name.startswith("amqp_events.delay.")] == [
+        q.name for q in ladder
+    ]
 
 
 def test_the_queue_count_does_not_grow_with_events_or_retries():

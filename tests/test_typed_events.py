@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-
 from services import catalog
 
 pytestmark = pytest.mark.broker
@@ -16,7 +15,13 @@ def test_dataclass_event_round_trip(worker, producer, records):
     UserRegistered = producer.event("users.registered")(catalog.UserRegistered)
     event_id = UserRegistered(user_id=7, email="a@example.com").fire()
     [record] = records.wait(1)
-    assert record == {**record, "id": event_id, "tag": "user-7", "email": "a@example.com", "type": "UserRegistered"}
+    assert record == {
+        **record,
+        "id": event_id,
+        "tag": "user-7",
+        "email": "a@example.com",
+        "type": "UserRegistered",
+    }
 
 
 def test_pydantic_event_round_trip_with_validation(worker, producer, records):

@@ -3,8 +3,8 @@
 import os
 
 from amqp_events.celery import events_app
-from services.behaviour import behave, record
 from services import catalog
+from services.behaviour import behave, record
 
 app = events_app(
     "orders",
