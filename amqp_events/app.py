@@ -146,13 +146,9 @@ class EventsApp(Celery):
                 "service, or run `amqp-events -A <app> topology declare`."
             ) from exc
         if delay and not routed:
-            raise TopologyMissing(
-                f"cannot delay {event!r}: a delay queue is missing; declare the topology again"
-            )
+            raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
         if not routed:
-            logger.debug(
-                "fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, event_id
-            )
+            logger.debug("fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, event_id)
         log_event("fired", event=event, service=self.service, event_id=event_id, delay=delay)
         return event_id
 
@@ -231,14 +227,10 @@ class EventsApp(Celery):
             if isinstance(target, type) and issubclass(target, Task):
                 bases = (target,) if issubclass(target, EventHandler) else (target, EventHandler)
                 namespace = {"name": name, "handler_name": described, "__module__": target.__module__}
-                self.register_task(
-                    type(target.__name__, cast(tuple[type, ...], bases), {**namespace, **attributes})
-                )
+                self.register_task(type(target.__name__, cast(tuple[type, ...], bases), {**namespace, **attributes}))
             else:
                 function = cast(Callable[..., Any], target)
-                self.task(name=name, base=EventHandler, bind=bind, handler_name=described, **attributes)(
-                    function
-                )
+                self.task(name=name, base=EventHandler, bind=bind, handler_name=described, **attributes)(function)
             self._handlers[name] = described
             return target
 

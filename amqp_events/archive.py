@@ -135,9 +135,7 @@ class ArchivedMessage:
     def from_json(cls, data: dict[str, Any]) -> ArchivedMessage:
         raw = data["body"]
         body = base64.b64decode(raw) if data.get("body_encoding") == "base64" else raw.encode("utf-8")
-        return cls.from_parts(
-            dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding")
-        )
+        return cls.from_parts(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,7 @@ class EventHandler(Task):
         retries = int(request.retries or 0)
         deliveries = earlier_deliveries(headers)
         if deliveries >= self.app.events_settings.max_deliveries:
-            lost = WorkerLost(
-                f"delivered {deliveries} times before without an ack: the worker running it died"
-            )
+            lost = WorkerLost(f"delivered {deliveries} times before without an ack: the worker running it died")
             raise self._give_up(Reason.WORKER_LOST, lost, attempts=retries + deliveries)
         if was_rejected(headers, self.queue_name):
             raise self._after_failure(Rejected("the message was rejected without requeue"))
@@ -144,9 +142,7 @@ class EventHandler(Task):
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
         error = exc or RetryRequested("the handler asked to be retried")
-        outcome = self._after_failure(
-            error, countdown=countdown, max_retries=max_retries, args=args, kwargs=kwargs
-        )
+        outcome = self._after_failure(error, countdown=countdown, max_retries=max_retries, args=args, kwargs=kwargs)
         if throw:
             raise outcome
         return outcome
@@ -178,9 +174,7 @@ class EventHandler(Task):
             routing_key = delays.routing_key(decision.delay, delays.queue_destination(self.queue_name))
         else:
             exchange, routing_key = "", self.queue_name
-        self.app.publish_routed(
-            OutgoingMessage(exchange, routing_key, copy, [*body, EMPTY_EMBED], str(request.id))
-        )
+        self.app.publish_routed(OutgoingMessage(exchange, routing_key, copy, [*body, EMPTY_EMBED], str(request.id)))
         self._log("retrying", delay=decision.delay, error=_describe(exc))
         return Retry(exc=exc if isinstance(exc, Exception) else None, when=float(decision.delay))
 
@@ -206,22 +200,16 @@ class EventHandler(Task):
 
     # -- helpers ----------------------------------------------------------
 
-    def _fit_arguments(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def _fit_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.event_class is not None:
             try:
                 return (self.event_class(*args, **kwargs),), {}
             except Exception as exc:
-                raise BadArguments(
-                    f"cannot build {self.event_class.__name__} from the payload: {exc}"
-                ) from exc
+                raise BadArguments(f"cannot build {self.event_class.__name__} from the payload: {exc}") from exc
         try:
             self._signature.bind(*args, **kwargs)
         except TypeError as exc:
-            raise BadArguments(
-                f"{self.handler_name}{self._signature} cannot take this payload: {exc}"
-            ) from exc
+            raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
         return args, kwargs
 
     def _log(self, what: str, level: int = logging.INFO, **fields: Any) -> None:

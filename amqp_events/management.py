@@ -17,9 +17,7 @@ class ManagementError(RuntimeError):
 class ManagementAPI:
     """Calls ``/api/...`` on a RabbitMQ node's management plugin."""
 
-    def __init__(
-        self, base_url: str, user: str = "guest", password: str = "guest", timeout: float = 30.0
-    ) -> None:
+    def __init__(self, base_url: str, user: str = "guest", password: str = "guest", timeout: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._authorization = "Basic " + b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout
@@ -43,9 +41,7 @@ class ManagementAPI:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
-            raise ManagementError(
-                f"{method} {path}: HTTP {exc.code} {exc.read().decode(errors='replace')}"
-            ) from exc
+            raise ManagementError(f"{method} {path}: HTTP {exc.code} {exc.read().decode(errors='replace')}") from exc
         except (urllib.error.URLError, OSError) as exc:
             raise ManagementError(f"cannot reach the management API at {self.base_url}: {exc}") from exc
         return json.loads(payload) if payload else None

@@ -66,9 +66,7 @@ class Settings:
         if self.max_retries < 0:
             problems.append(f"max_retries must be >= 0, not {self.max_retries}")
         if self.backoff_base <= 0 or self.backoff_max < self.backoff_base:
-            problems.append(
-                f"need 0 < backoff_base <= backoff_max, got {self.backoff_base} and {self.backoff_max}"
-            )
+            problems.append(f"need 0 < backoff_base <= backoff_max, got {self.backoff_base} and {self.backoff_max}")
         if self.backoff_max > MAX_DELAY:
             problems.append(f"backoff_max must be at most {MAX_DELAY} s")
         if self.max_deliveries < 1:

@@ -228,6 +228,4 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     workers = getattr(item, "amqp_events_workers", [])
     if report.failed and call.when == "call":
         for worker in workers:
-            report.sections.append(
-                (f"worker log {' '.join(worker.argv[3:5])} pid {worker.pid}", worker.log_tail())
-            )
+            report.sections.append((f"worker log {' '.join(worker.argv[3:5])} pid {worker.pid}", worker.log_tail()))

@@ -92,9 +92,7 @@ class EventConsumer(Consumer):
         self.archive_unrunnable(message, Reason.UNDECODABLE, exc)
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        self.archive_unrunnable(
-            message, Reason.UNDECODABLE, InvalidTaskError("no 'task' header: not an event")
-        )
+        self.archive_unrunnable(message, Reason.UNDECODABLE, InvalidTaskError("no 'task' header: not an event"))
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = message.headers.get("task")

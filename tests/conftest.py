@@ -75,3 +75,24 @@ def wait_archived(archive: Any, count: int, timeout: float = 30.0) -> list[Any]:
         timeout,
         what=f"{count} archived messages in {archive.queue}",
     )
+
+
+@pytest.fixture
+def cli(broker_url: str, monkeypatch: pytest.MonkeyPatch, rabbitmq: Any) -> Callable[..., Any]:
+    """``cli("archive", "list")``: runs ``amqp-events -A services.orders ...`` in-process with Click's runner."""
+    from click.testing import CliRunner
+
+    from amqp_events.cli import main
+
+    monkeypatch.setenv("BROKER_URL", broker_url)
+    monkeypatch.setenv("AMQP_EVENTS_MANAGEMENT_URL", rabbitmq.management.base_url)
+    runner = CliRunner()
+
+    def invoke(*args: str, app: str | None = "services.orders", input: str | None = None) -> Any:
+        # Each run loads the app afresh, as a new `amqp-events` process would.
+        for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
+            del sys.modules[name]
+        prefix = ["-A", app] if app else []
+        return runner.invoke(main, [*prefix, *args], input=input, catch_exceptions=False)
+
+    return invoke

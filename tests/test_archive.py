@@ -33,9 +33,7 @@ def test_listing_does_not_consume(worker, producer, archive_of):
     assert archive.get("no-such-id") is None
 
 
-def test_replay_after_a_fix_handles_each_message_once_and_empties_the_archive(
-    worker, producer, records, archive_of
-):
+def test_replay_after_a_fix_handles_each_message_once_and_empties_the_archive(worker, producer, records, archive_of):
     process = worker("orders")
     archive = archive_of("orders")
     ids = fill(worker, producer, archive, 3)
@@ -75,9 +73,7 @@ def test_purge_and_export_import_round_trip(worker, producer, archive_of, tmp_pa
     assert archive.purge() == 2 and archive.count() == 0
     assert archive.load(io.StringIO(out.getvalue())) == 3
     restored = archive.list()
-    assert [entry.id for entry in restored] == ids and {entry.reason for entry in restored} == {
-        Reason.NON_RETRYABLE
-    }
+    assert [entry.id for entry in restored] == ids and {entry.reason for entry in restored} == {Reason.NON_RETRYABLE}
 
 
 @pytest.mark.parametrize("limit", [2])
@@ -85,9 +81,7 @@ def test_the_archive_is_bounded_by_length_keeping_the_newest(limit, worker, prod
     worker("orders", env={"AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": str(limit)})
     archive = archive_of("orders")
     ids = [producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(4)]
-    wait_for(
-        lambda: archive.list() and archive.list()[-1].id == ids[-1], 20, what="the last message archived"
-    )
+    wait_for(lambda: archive.list() and archive.list()[-1].id == ids[-1], 20, what="the last message archived")
     assert [entry.id for entry in archive.list()] == ids[-limit:]
 
 

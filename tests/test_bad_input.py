@@ -56,9 +56,7 @@ def test_a_message_that_cannot_be_decoded_is_archived_and_the_worker_goes_on(
     assert process.is_running()
 
 
-def test_an_event_this_service_has_no_handler_for_is_archived_not_looped(
-    worker, producer, broker_url, archive_of
-):
+def test_an_event_this_service_has_no_handler_for_is_archived_not_looped(worker, producer, broker_url, archive_of):
     process = worker("orders")
     with Connection(broker_url) as connection:  # a message in orders' queue for an unknown event
         connection.Producer().publish(

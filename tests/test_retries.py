@@ -38,9 +38,7 @@ def test_a_retry_reaches_only_the_service_that_failed(worker, producer, records)
 
 
 @pytest.mark.parametrize("max_retries", [0, 1, 3])
-def test_exactly_max_retries_plus_one_attempts_then_the_archive(
-    max_retries, worker, producer, records, archive_of
-):
+def test_exactly_max_retries_plus_one_attempts_then_the_archive(max_retries, worker, producer, records, archive_of):
     worker("orders", env={"HANDLER_MAX_RETRIES": str(max_retries)})
     event_id = producer.fire("test.orders_only", ["doomed"], {"how": {"always_fail": True}})
     [archived] = wait_archived(archive_of("orders"), 1, timeout=30)

@@ -49,13 +49,9 @@ def test_event_queues_receive_delayed_fires_of_their_event_and_messages_sent_to_
         if getattr(link.destination, "name", "") == "orders:billing.invoice.paid"
     ]
     stars = "*." * delays.LEVELS
-    assert sorted(links) == sorted(
-        [stars + "event.billing.invoice.paid", stars + "queue.orders:billing.invoice.paid"]
-    )
+    assert sorted(links) == sorted([stars + "event.billing.invoice.paid", stars + "queue.orders:billing.invoice.paid"])
     assert all(
-        link.source.name == delays.DELIVERY_EXCHANGE
-        for link in topology().bindings
-        if link.routing_key in links
+        link.source.name == delays.DELIVERY_EXCHANGE for link in topology().bindings if link.routing_key in links
     )
 
 
@@ -68,9 +64,7 @@ def test_the_delay_ladder_has_one_queue_per_power_of_two_shared_by_all_services(
         assert queue.queue_arguments["x-dead-letter-strategy"] == "at-least-once"
         assert queue.queue_arguments["x-overflow"] == "reject-publish"
     other = service_topology("shipping", ["x.y"], Settings())
-    assert [q.name for q in other.queues if q.name.startswith("amqp_events.delay.")] == [
-        q.name for q in ladder
-    ]
+    assert [q.name for q in other.queues if q.name.startswith("amqp_events.delay.")] == [q.name for q in ladder]
 
 
 def test_the_queue_count_does_not_grow_with_events_or_retries():

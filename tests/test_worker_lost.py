@@ -10,9 +10,7 @@ from amqp_events import Reason
 pytestmark = pytest.mark.broker
 
 
-def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(
-    worker, producer, records, archive_of
-):
+def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(worker, producer, records, archive_of):
     process = worker("orders", pool="prefork", concurrency=1)
     event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
     [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
@@ -24,9 +22,7 @@ def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(
     records.wait(1, tag="next")
 
 
-def test_a_solo_worker_killed_by_its_handler_and_restarted_ends_the_loop_too(
-    worker, producer, records, archive_of
-):
+def test_a_solo_worker_killed_by_its_handler_and_restarted_ends_the_loop_too(worker, producer, records, archive_of):
     worker("orders").stop()  # declares the queues
     event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
     for crash in range(3):

@@ -1,0 +1,180 @@
+"""The ``amqp-events`` command line against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+from conftest import TESTS, wait_archived
+from kombu import Connection
+
+from amqp_events.cli import main
+from amqp_events.local_broker import LocalBroker
+
+pytestmark = pytest.mark.broker
+
+
+def fill(worker, producer, archive, tags, event="test.ping"):
+    ids = [producer.fire(event, [tag], {"how": {"permanent": True}}) for tag in tags]
+    wait_archived(archive, len(tags))
+    return ids
+
+
+def test_archive_list_and_show_describe_real_failures(worker, producer, archive_of, cli):
+    worker("orders")
+    ids = fill(worker, producer, archive_of("orders"), ["a", "b"])
+    table = cli("archive", "list")
+    assert table.exit_code == 0, table.output
+    assert "REASON" in table.output and "non_retryable" in table.output and "PermanentFailure" in table.output
+    assert all(event_id in table.output for event_id in ids) and "2 archived message(s)" in table.output
+    rows = json.loads(cli("archive", "list", "--json").output)
+    assert [row["id"] for row in rows] == ids
+    assert {"id", "event", "service", "reason", "exception_type", "exception_message", "attempts", "archived_at"} <= set(
+        rows[0]
+    )
+    assert rows[0]["attempts"] == 1 and rows[0]["service"] == "orders"
+    shown = cli("archive", "show", ids[0])
+    assert "Traceback" in shown.output and '"how"' in shown.output and "non_retryable" in shown.output
+    assert json.loads(cli("archive", "show", ids[0], "--json").output)["id"] == ids[0]
+    assert archive_of("orders").count() == 2  # listing consumed nothing
+    missing = cli("archive", "show", "nope")
+    assert missing.exit_code == 1 and "no archived message" in missing.output
+
+
+def test_replay_after_a_fix_with_the_cli(worker, producer, records, archive_of, cli):
+    process = worker("orders")
+    ids = fill(worker, producer, archive_of("orders"), ["a", "b", "c"])
+    process.stop()
+    worker("orders", env={"FIXED": "1"})
+    result = cli("archive", "replay", "--yes")
+    assert result.exit_code == 0, result.output
+    assert "replayed 3 message(s)" in result.output
+    for event_id in ids:
+        records.wait(2, id=event_id)
+    time.sleep(1)
+    assert archive_of("orders").count() == 0
+    assert all(len(records.all(id=event_id)) == 2 for event_id in ids)
+
+
+def test_replay_touches_only_the_chosen_messages(worker, producer, archive_of, cli):
+    process = worker("orders")
+    archive = archive_of("orders")
+    a, b, c = fill(worker, producer, archive, ["a", "b", "c"])
+    producer.fire("test.orders_only", ["o"], {"how": {"permanent": True}})
+    wait_archived(archive, 4)
+    process.stop()
+    dry = cli("archive", "replay", "--event", "test.orders_only", "--dry-run")
+    assert "1 message(s) would be replayed" in dry.output and archive.count() == 4
+    assert "replayed 1" in cli("archive", "replay", "--id", b, "--yes").output
+    assert "replayed 1" in cli("archive", "replay", "--event", "test.orders_only", "--yes").output
+    assert "replayed 1" in cli("archive", "replay", "--limit", "1", "--yes").output
+    assert [entry.id for entry in archive.list()] == [c]
+
+
+def test_replay_asks_first_and_refuses_without_a_terminal(worker, producer, archive_of, cli):
+    worker("orders")
+    fill(worker, producer, archive_of("orders"), ["a"])
+    result = cli("archive", "replay")
+    assert result.exit_code == 1 and "--yes" in result.output and archive_of("orders").count() == 1
+
+
+def test_a_replay_killed_between_publish_and_ack_loses_nothing(worker, producer, archive_of, broker_url):
+    process = worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, ["a", "b"])
+    process.stop()
+    # The replay process dies right after the broker confirmed the first replacement, before its ack.
+    script = (
+        "import os, signal\n"
+        "import amqp_events.archive as archive\n"
+        "archive._acker = lambda channel, tag: (lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
+        "from amqp_events.cli import main\n"
+        "main(['-A', 'services.orders', 'archive', 'replay', '--yes'])\n"
+    )
+    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=TESTS, timeout=60, capture_output=True)
+    assert done.returncode == -9
+    assert sorted(entry.id for entry in archive.list()) == sorted(ids)  # both still archived
+    with Connection(broker_url) as connection:  # and one replayed copy exists: a duplicate, not a loss
+        queue = connection.default_channel.queue_declare("orders:test.ping", passive=True)
+        assert queue.message_count == 1
+
+
+def test_topology_show_declare_and_check(cli, broker_url):
+    shown = json.loads(cli("topology", "show", "--json").output)
+    assert "orders:test.ping" in {queue["name"] for queue in shown["queues"]}
+    assert "amqp_events.delay.21" in {exchange["name"] for exchange in shown["exchanges"]}
+    assert "amqp_events.delay.00" in cli("topology", "show").output
+    before = cli("topology", "check")
+    assert before.exit_code == 1 and "missing queue 'orders:test.ping'" in before.output
+    assert cli("topology", "declare").exit_code == 0
+    after = cli("topology", "check")
+    assert after.exit_code == 0, after.output
+
+
+def test_topology_check_finds_a_queue_declared_by_hand_with_other_arguments(cli, broker_url):
+    with Connection(broker_url) as connection:
+        connection.default_channel.queue_declare("orders:test.ping", durable=True, auto_delete=False)
+        connection.default_channel.queue_declare("orders:retired.event", durable=True, auto_delete=False)
+    cli("topology", "declare")  # fails on the first mismatch, one line
+    result = cli("topology", "check")
+    assert result.exit_code == 1
+    assert "mismatch queue 'orders:test.ping': x-queue-type is '(not set)'" in result.output
+    assert "this service declares 'quorum'" in result.output and "rabbitmqctl delete_queue" in result.output
+    assert "extra queue 'orders:retired.event'" in result.output
+
+
+def test_fire_from_the_shell(worker, cli, records):
+    worker("orders")
+    result = cli("fire", "test.ping", "--arg", "tag=shell", "--arg", 'how={"only": "orders"}')
+    assert result.exit_code == 0, result.output
+    [record] = records.wait(1)
+    assert record["id"] == result.output.strip() and record["tag"] == "shell"
+    assert cli("fire", "billing.invoice.paid", "--json", "[5, \"1.00\"]").exit_code == 0
+    records.wait(1, tag="invoice-5")
+    bad = cli("fire", "test.ping", "--json", "{oops")
+    assert bad.exit_code == 2 and "not JSON" in bad.output
+
+
+def test_export_then_import(worker, producer, archive_of, cli, tmp_path):
+    worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, ["a", "b"])
+    path = tmp_path / "archive.jsonl"
+    assert cli("archive", "export", str(path)).exit_code == 0
+    assert [json.loads(line)["id"] for line in path.read_text().splitlines()] == ids
+    assert "purged 2" in cli("archive", "purge", "--yes").output
+    assert "imported 2" in cli("archive", "import", str(path)).output
+    assert [entry.id for entry in archive.list()] == ids
+
+
+def test_expected_failures_are_one_line_and_a_non_zero_status(cli):
+    down = cli("--broker", "amqp://guest:guest@127.0.0.1:9/", "archive", "list")
+    assert down.exit_code == 1 and down.output.startswith("Error: ") and len(down.output.strip().splitlines()) == 1
+    assert "Traceback" not in down.output
+    unknown = cli("archive", "list", app="no_such_module")
+    assert unknown.exit_code == 1 and "cannot load app 'no_such_module'" in unknown.output
+    assert len(unknown.output.strip().splitlines()) == 1
+    missing = cli("archive", "list", "--service", "nobody")
+    assert missing.exit_code == 1 and "nobody.archive" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1
+
+
+def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
+    runner = CliRunner()
+    directory = str(tmp_path / "node")
+    started = runner.invoke(main, ["broker", "start", "--dir", directory])
+    assert started.exit_code == 0, started.output
+    assert "amqp://guest:guest@127.0.0.1:" in started.output
+    node = LocalBroker(directory)
+    pids = [node.state.server_pid, node.state.epmd_pid, node._beam_pid()]
+    assert all(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert runner.invoke(main, ["broker", "status", "--dir", directory]).exit_code == 0
+    assert runner.invoke(main, ["broker", "stop", "--dir", directory]).exit_code == 0
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert runner.invoke(main, ["broker", "status", "--dir", directory]).exit_code == 3
