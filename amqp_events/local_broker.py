@@ -106,7 +106,8 @@ class LocalBroker:
         for path in ("mnesia", "log", "home"):
             (self.directory / path).mkdir(parents=True, exist_ok=True)
         self._write_config(state)
-        state.epmd_pid = self._spawn(["epmd", "-port", str(state.epmd_port)], state, self.directory / "epmd.out")
+        if not _alive(state.epmd_pid):  # after kill() the node's epmd is still up
+            state.epmd_pid = self._spawn(["epmd", "-port", str(state.epmd_port)], state, self.directory / "epmd.out")
         state.server_pid = self._spawn([str(server)], state, self.directory / "server.out")
         self.state = state
         self._save_state()

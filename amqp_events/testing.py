@@ -16,15 +16,11 @@ Every wait has a timeout.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,10 +29,9 @@ import pytest
 
 from amqp_events.local_broker import LocalBroker
 from amqp_events.management import ManagementAPI
+from amqp_events.worker_process import WorkerProcess, WorkerStartError, worker_argv
 
 T = TypeVar("T")
-
-WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
 
 
 def wait_for(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> T:
@@ -62,92 +57,6 @@ class Broker:
     def vhost_url(self, vhost: str) -> str:
         parts = urllib.parse.urlsplit(self.amqp_url)
         return urllib.parse.urlunsplit(parts._replace(path="/" + urllib.parse.quote(vhost, safe="")))
-
-
-class WorkerProcess:
-    """A ``celery worker`` subprocess in its own process group."""
-
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
-        self.argv, self.env, self.cwd, self.log_path = list(argv), dict(env), cwd, log_path
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def start(self) -> WorkerProcess:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
-        """Wait for Celery's "ready." line; fail with the log tail if the worker exits or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if " ready." in self.log():
-                return self
-            if self.process is None or self.process.poll() is not None:
-                pytest.fail(f"worker {self.argv} exited during start-up:\n{self.log_tail()}")
-            time.sleep(0.1)
-        pytest.fail(f"worker {self.argv} not ready after {timeout:g}s:\n{self.log_tail()}")
-
-    def children(self) -> list[int]:
-        """PIDs of the worker's pool processes (prefork children)."""
-        try:
-            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in text.split()]
-
-    def is_running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker (main process and pool), as a crash would."""
-        self._signal_group(signal.SIGKILL)
-        self.wait(10)
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """Warm shutdown (SIGTERM), then SIGKILL of the process group after ``timeout``."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            if self.wait(timeout) is None:
-                self._signal_group(signal.SIGKILL)
-                self.wait(10)
-        else:
-            self._signal_group(signal.SIGKILL)  # pool children left behind by a crashed parent
-        return self.process.returncode
-
-    def wait(self, timeout: float) -> int | None:
-        assert self.process is not None
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def _signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
 
 
 @pytest.fixture(scope="session")
@@ -207,14 +116,16 @@ def start_worker(
         timeout: float = 60.0,
     ) -> WorkerProcess:
         name = f"w{len(workers) + 1}-{uuid.uuid4().hex[:6]}"
-        argv = [
-            sys.executable, "-m", "celery", "-A", app, "worker", *WORKER_FLAGS,
-            "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "--loglevel=INFO", *extra,
-        ]  # fmt: skip
+        argv = worker_argv(app, *extra, pool=pool, concurrency=concurrency, name=name)
         environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONUNBUFFERED": "1", **(env or {})}
         worker = WorkerProcess(argv, environment, cwd or Path.cwd(), tmp_path / f"{name}.log")
         workers.append(worker.start())
-        return worker.wait_ready(timeout) if ready else worker
+        if ready:
+            try:
+                worker.wait_ready(timeout)
+            except WorkerStartError as exc:
+                pytest.fail(str(exc))
+        return worker
 
     yield start
     for worker in workers:

@@ -34,9 +34,16 @@ def test_archive_list_and_show_describe_real_failures(worker, producer, archive_
     assert all(event_id in table.output for event_id in ids) and "2 archived message(s)" in table.output
     rows = json.loads(cli("archive", "list", "--json").output)
     assert [row["id"] for row in rows] == ids
-    assert {"id", "event", "service", "reason", "exception_type", "exception_message", "attempts", "archived_at"} <= set(
-        rows[0]
-    )
+    assert {
+        "id",
+        "event",
+        "service",
+        "reason",
+        "exception_type",
+        "exception_message",
+        "attempts",
+        "archived_at",
+    } <= set(rows[0])
     assert rows[0]["attempts"] == 1 and rows[0]["service"] == "orders"
     shown = cli("archive", "show", ids[0])
     assert "Traceback" in shown.output and '"how"' in shown.output and "non_retryable" in shown.output
@@ -64,7 +71,7 @@ def test_replay_after_a_fix_with_the_cli(worker, producer, records, archive_of, 
 def test_replay_touches_only_the_chosen_messages(worker, producer, archive_of, cli):
     process = worker("orders")
     archive = archive_of("orders")
-    a, b, c = fill(worker, producer, archive, ["a", "b", "c"])
+    _, b, c = fill(worker, producer, archive, ["a", "b", "c"])
     producer.fire("test.orders_only", ["o"], {"how": {"permanent": True}})
     wait_archived(archive, 4)
     process.stop()
@@ -135,7 +142,7 @@ def test_fire_from_the_shell(worker, cli, records):
     assert result.exit_code == 0, result.output
     [record] = records.wait(1)
     assert record["id"] == result.output.strip() and record["tag"] == "shell"
-    assert cli("fire", "billing.invoice.paid", "--json", "[5, \"1.00\"]").exit_code == 0
+    assert cli("fire", "billing.invoice.paid", "--json", '[5, "1.00"]').exit_code == 0
     records.wait(1, tag="invoice-5")
     bad = cli("fire", "test.ping", "--json", "{oops")
     assert bad.exit_code == 2 and "not JSON" in bad.output

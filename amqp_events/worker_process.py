@@ -1,0 +1,113 @@
+"""Running ``celery worker`` processes from Python, and stopping exactly those (tests, demo, benchmarks)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+#: Flags every worker of this library should run with (README, "Running workers").
+WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
+
+
+class WorkerStartError(RuntimeError):
+    """A worker exited or did not become ready in time."""
+
+
+def worker_argv(app: str, *extra: str, pool: str = "solo", concurrency: int = 1, name: str = "worker") -> list[str]:
+    """``python -m celery -A app worker`` with the recommended flags."""
+    return [
+        sys.executable, "-m", "celery", "-A", app, "worker", *WORKER_FLAGS,
+        "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "--loglevel=INFO", *extra,
+    ]  # fmt: skip
+
+
+class WorkerProcess:
+    """A ``celery worker`` subprocess in its own process group."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
+        self.argv, self.env, self.cwd, self.log_path = list(argv), dict(env), cwd, log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self) -> WorkerProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
+        """Wait for Celery's "ready." line; fail with the log tail if the worker exits or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if " ready." in self.log():
+                return self
+            if self.process is None or self.process.poll() is not None:
+                raise WorkerStartError(f"worker {self.argv} exited during start-up:\n{self.log_tail()}")
+            time.sleep(0.1)
+        raise WorkerStartError(f"worker {self.argv} not ready after {timeout:g}s:\n{self.log_tail()}")
+
+    def children(self) -> list[int]:
+        """PIDs of the worker's pool processes (prefork children)."""
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool), as a crash would."""
+        self._signal_group(signal.SIGKILL)
+        self.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """Warm shutdown (SIGTERM), then SIGKILL of the process group after ``timeout``."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            if self.wait(timeout) is None:
+                self._signal_group(signal.SIGKILL)
+                self.wait(10)
+        else:
+            self._signal_group(signal.SIGKILL)  # pool children left behind by a crashed parent
+        return self.process.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log().splitlines()[-lines:])
+
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)

@@ -1,0 +1,141 @@
+"""The celery-amqp-events demo.
+
+Starts a private, throwaway RabbitMQ node, runs three services as real Celery
+workers (``orders``, ``shipping``, ``notifications``), fires a stream of
+``billing.invoice.paid`` events from ``billing`` and shows who handled what:
+retries of a flaky handler, a delay waited out on the broker, and a message
+that can never succeed landing in the archive. Everything it started is
+stopped at the end, also on Ctrl-C.
+
+Run it with ``bash scripts/demo`` (or ``python examples/demo.py --events 200``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from amqp_events.archive import Archive  # noqa: E402
+from amqp_events.local_broker import LocalBroker  # noqa: E402
+from amqp_events.worker_process import WorkerProcess, worker_argv  # noqa: E402
+
+SERVICES = {  # service -> (pool, concurrency)
+    "orders": ("prefork", 2),
+    "shipping": ("solo", 1),
+    "notifications": ("solo", 1),
+}
+CUSTOMERS = ["ada", "grace", "linus", "ada", "grace", "linus", "ada", "grace", "linus", "nobody"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=60, help="how many invoices to pay (default 60)")
+    parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the handlers")
+    options = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    workdir = Path(tempfile.mkdtemp(prefix="amqp-events-demo-"))
+    node = LocalBroker(workdir / "broker")
+    workers: list[WorkerProcess] = []
+    started = time.monotonic()
+    try:
+        say(f"starting a private RabbitMQ node (its own ports and data, under {workdir})...")
+        node.start()
+        say(f"broker ready at {node.url} (management UI {node.management_url}, guest/guest)")
+        journal = workdir / "journal.jsonl"
+        journal.touch()
+        env = {**os.environ, "BROKER_URL": node.url, "DEMO_JOURNAL": str(journal), "PYTHONPATH": str(HERE)}
+        for service, (pool, concurrency) in SERVICES.items():
+            argv = worker_argv(service, pool=pool, concurrency=concurrency, name=service)
+            workers.append(WorkerProcess(argv, env, HERE, workdir / f"{service}.log").start())
+        for worker in workers:
+            worker.wait_ready(60)
+        say("workers ready: " + ", ".join(f"{s} ({p}, {c})" for s, (p, c) in SERVICES.items()))
+
+        os.environ["BROKER_URL"] = node.url
+        import billing
+
+        try:
+            billing.invoice_paid(0, "-5.00", "ada")
+        except ValueError as exc:
+            say(f"validation runs before publishing: {exc} (nothing was published)")
+        fire(billing, options.events)
+        outcome = wait_for_handlers(journal, options.events, options.timeout)
+        summarize(outcome, Archive(billing.app, "shipping"), time.monotonic() - started)
+        billing.app.close()
+        return 0
+    except KeyboardInterrupt:
+        say("\ninterrupted: stopping everything the demo started")
+        return 130
+    finally:
+        for worker in workers:
+            worker.stop()
+        node.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+        say(f"stopped the workers and the broker; removed {workdir}")
+
+
+def fire(billing, count: int) -> None:
+    for number in range(1, count + 1):
+        customer = CUSTOMERS[number % len(CUSTOMERS)]
+        billing.invoice_paid(number, f"{10 + number}.00", customer)
+        progress(f"fired {number}/{count} billing.invoice.paid (each confirmed by the broker)")
+    print()
+
+
+def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
+    """Until every service reached a final outcome for every invoice (or the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        final = {(line["service"], line["invoice"]) for line in lines if line["outcome"] in ("handled", "archived")}
+        done = Counter(service for service, _ in final)
+        retries = sum(1 for line in lines if line["outcome"] in ("failed", "postponed"))
+        progress(
+            " | ".join(f"{service} {done[service]}/{count}" for service in SERVICES)
+            + f" | retries waiting on the broker: {retries}"
+        )
+        if len(final) == count * len(SERVICES) or time.monotonic() > deadline:
+            print()
+            return lines
+        time.sleep(0.2)
+
+
+def summarize(lines: list[dict], archive: Archive, seconds: float) -> None:
+    say("\nwho handled what")
+    say(f"  {'service':<15}{'handled':>8}{'retried runs':>14}{'archived':>10}  longest wait on the broker")
+    for service in SERVICES:
+        mine = [line for line in lines if line["service"] == service]
+        counts = Counter(line["outcome"] for line in mine)
+        attempts = max((line["attempt"] for line in mine), default=1)
+        say(
+            f"  {service:<15}{counts['handled']:>8}{counts['failed'] + counts['postponed']:>14}"
+            f"{counts['archived']:>10}  up to attempt {attempts}"
+        )
+    say("\nshipping's archive (inspect and replay with `amqp-events -A shipping archive list|replay`):")
+    for entry in archive.list():
+        say(f"  {entry.id}  {entry.event}  reason={entry.reason}  {entry.exception_message}")
+    say(f"\ndone in {seconds:.1f}s")
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def progress(text: str) -> None:
+    print("\r" + text.ljust(100), end="", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
