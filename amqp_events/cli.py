@@ -237,7 +237,7 @@ def archive_list(
             e.service,
             e.reason,
             e.exception_type.rsplit(".", 1)[-1],
-            _shorten(e.exception_message, 40),
+            _shorten(e.exception_message, 50),
             str(e.attempts),
             e.archived_at.strftime("%Y-%m-%d %H:%M:%S") if e.archived_at else "",
         ]

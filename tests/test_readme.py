@@ -1,0 +1,96 @@
+"""The README's examples, run as written against a real broker."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from amqp_events.cli import main
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+README_BROKER = "amqp://guest:guest@localhost:5672/"
+
+
+def code_blocks() -> dict[str, str]:
+    """Python blocks of the README whose first line names their file (``# orders/celery.py``)."""
+    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", README, flags=re.S)
+    return {name: body for name, body in blocks}
+
+
+def section(title: str) -> str:
+    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
+    files = code_blocks()
+    assert {"orders/celery.py", "orders/handlers.py", "fire.py"} <= set(files)
+    for name, body in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body.replace(README_BROKER, broker_url))
+    (tmp_path / "orders" / "__init__.py").write_text("")
+    command = "celery -A orders.celery worker --without-mingle --without-heartbeat --without-gossip"
+    assert command in section("Quick start")
+    worker = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    fired = subprocess.run([sys.executable, "fire.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert fired.returncode == 0, fired.stderr
+    wait_for(lambda: "invoice 42 paid: 10.00" in worker.log(), 20, what="the handler's output in the worker log")
+
+
+def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_url, monkeypatch):
+    # The examples' services, and a copy of shipping with "the fix": an address for customer 'nobody'.
+    fixed = tmp_path / "fixed"
+    shutil.copytree(ROOT / "examples", fixed)
+    source = (fixed / "shipping.py").read_text()
+    (fixed / "shipping.py").write_text(source.replace("ADDRESSES = {", 'ADDRESSES = {"nobody": "7 New Street", '))
+    journal = tmp_path / "journal.jsonl"
+    env = {"DEMO_JOURNAL": str(journal), "PYTHONPATH": str(ROOT / "examples")}
+    broken = start_worker("shipping", cwd=ROOT / "examples", env=env)
+
+    monkeypatch.chdir(ROOT / "examples")
+    monkeypatch.setenv("BROKER_URL", broker_url)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    for name in ("billing", "shipping", "journal"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import billing
+
+    event_id = billing.invoice_paid(7, "25.00", "nobody")
+    billing.app.close()
+    runner = CliRunner()
+
+    def run(line: str, **substitutions: str) -> str:
+        for placeholder, value in substitutions.items():
+            line = line.replace(placeholder, value)
+        result = runner.invoke(main, shlex.split(line)[1:], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    commands = [line.strip()[2:] for line in section("Operating").splitlines() if line.strip().startswith("$ ")]
+    listing, show, replay, final = commands
+    wait_for(lambda: event_id in run(listing), 20, what="the message in the archive")
+    assert "non_retryable" in run(listing) and "no shipping address for customer 'nobody'" in run(listing)
+    shown_id = show.split()[-1]
+    assert "PermanentFailure" in run(show, **{shown_id: event_id})
+
+    broken.stop()
+    start_worker("shipping", cwd=fixed, env={**env, "PYTHONPATH": str(fixed)})  # the fix is deployed
+    assert "replayed 1 message(s)" in run(replay)
+    assert "0 archived message(s)" in run(final)
+    handled = wait_for(
+        lambda: [json.loads(line) for line in journal.read_text().splitlines() if '"handled"' in line],
+        20,
+        what="the replayed message handled",
+    )
+    assert [line["id"] for line in handled] == [event_id]
