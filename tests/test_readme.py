@@ -35,18 +35,21 @@ def section(title: str) -> str:
 
 def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
     files = code_blocks()
-    assert {"orders/celery.py", "orders/handlers.py", "fire.py"} <= set(files)
+    assert {"orders/celery.py", "orders/handlers.py", "shipping/celery.py", "fire.py"} <= set(files)
     for name, body in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body.replace(README_BROKER, broker_url))
-    (tmp_path / "orders" / "__init__.py").write_text("")
-    command = "celery -A orders.celery worker --without-mingle --without-heartbeat --without-gossip"
-    assert command in section("Quick start")
-    worker = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    workers = {}
+    for service in ("orders", "shipping"):
+        (tmp_path / service / "__init__.py").write_text("")
+        command = f"celery -A {service}.celery worker --without-mingle --without-heartbeat --without-gossip"
+        assert command in section("Quick start")
+        workers[service] = start_worker(f"{service}.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     fired = subprocess.run([sys.executable, "fire.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert fired.returncode == 0, fired.stderr
-    wait_for(lambda: "invoice 42 paid: 10.00" in worker.log(), 20, what="the handler's output in the worker log")
+    wait_for(lambda: "invoice 42 paid: 10.00" in workers["orders"].log(), 20, what="orders' handler output")
+    wait_for(lambda: "courier booked for invoice 42" in workers["shipping"].log(), 20, what="shipping's output")
 
 
 def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_url, monkeypatch):

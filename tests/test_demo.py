@@ -1,0 +1,64 @@
+"""The demo runs to the end, and stops everything it started, also when interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+
+DEMO = Path(__file__).parent.parent / "examples" / "demo.py"
+
+
+def descendants_of_the_demo(marker: str) -> list[int]:
+    """PIDs of processes whose environment or command line mentions the demo's work directory."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def run_demo(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-u", str(DEMO), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_the_demo_runs_to_a_summary(tmp_path):
+    demo = run_demo("--events", "20")
+    output, _ = demo.communicate(timeout=240)
+    assert demo.returncode == 0, output
+    assert "who handled what" in output and "shipping's archive" in output
+    assert "no shipping address for customer 'nobody'" in output
+    workdir = output.split("under ", 1)[1].split(")", 1)[0]
+    assert not Path(workdir).exists() and descendants_of_the_demo(workdir) == []
+
+
+def test_ctrl_c_stops_everything_the_demo_started():
+    demo = run_demo("--events", "100000")
+    lines: list[str] = []
+    wait_for(lambda: lines.append(demo.stdout.readline()) or "workers ready" in lines[-1], 120, interval=0)
+    workdir = "".join(lines).split("under ", 1)[1].split(")", 1)[0]
+    assert descendants_of_the_demo(workdir)  # the node and the workers run
+    time.sleep(1)
+    os.killpg(demo.pid, signal.SIGINT)
+    output, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 130 and "interrupted" in output
+    wait_for(lambda: descendants_of_the_demo(workdir) == [], 30, what="every process of the demo to end")
