@@ -157,6 +157,12 @@ class EventsApp(Celery):
         settings = self.events_settings
         return Publisher(self, settings.publish_timeout, declare=(events_exchange(settings),))
 
+    def close(self) -> None:
+        """Close the app's connections, the publisher's included."""
+        if "publisher" in self.__dict__:
+            self.publisher.close()
+        super().close()
+
     def publish_routed(self, message: OutgoingMessage) -> None:
         """Publish a message that must reach a queue of ours (a retry copy, an archived copy).
 
