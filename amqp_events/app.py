@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from functools import cached_property
 from typing import Any, ParamSpec, TypeVar, cast, overload
@@ -15,7 +17,7 @@ from kombu.utils.objects import cached_property as kombu_cached_property
 
 from amqp_events import delays
 from amqp_events.declare import declare_topology
-from amqp_events.events import Event, event_class
+from amqp_events.events import Event, EventBatch, TopologyMissing, event_class
 from amqp_events.handler import EventHandler
 from amqp_events.logs import log_event
 from amqp_events.message import OutgoingMessage, event_envelope
@@ -40,8 +42,12 @@ class DuplicateHandler(ValueError):
     """A service registered a second handler for the same event."""
 
 
-class TopologyMissing(RuntimeError):
-    """A queue or exchange the library needs is not on the broker."""
+#: The batch ``with app.batch():`` opened in this context, if any.
+_current_batch: ContextVar[EventBatch | None] = ContextVar("amqp_events_batch", default=None)
+_NO_LADDER = (
+    "cannot delay {event!r}: the delay ladder is not on the broker yet. Start a worker of any service, "
+    "or run `amqp-events -A <app> topology declare`."
+)
 
 
 class EventsAMQP(AMQP):
@@ -122,35 +128,65 @@ class EventsApp(Celery):
         With ``countdown`` seconds or an ``eta`` the event first waits on the
         broker's delay ladder, then reaches every subscribed service.
         """
+        message = self._event_message(event, args, kwargs or {}, countdown, eta)
+        batch = _current_batch.get()
+        if batch is not None and batch.app is self:
+            batch.publish(message)
+            return message.message_id
+        try:
+            routed = self.publisher.publish(message)
+        except NotFound as exc:
+            raise TopologyMissing(_NO_LADDER.format(event=event)) from exc
+        self._fired(message, routed)
+        return message.message_id
+
+    @contextmanager
+    def batch(self, window: int = 2000) -> Iterator[EventBatch]:
+        """Fire many events fast: inside the block, firing returns the event id at once.
+
+        The broker's confirms are collected together (up to ``window``
+        messages in flight) and awaited when the block ends; then
+        :class:`~amqp_events.PublishError` names any event the broker refused
+        or did not confirm in time. Validation still runs at each call::
+
+            with app.batch():
+                for invoice in invoices:
+                    invoice_paid(invoice.id, invoice.amount)
+        """
+        batch = EventBatch(self, window)
+        token = _current_batch.set(batch)
+        try:
+            yield batch
+            batch.finish()
+        finally:
+            _current_batch.reset(token)
+            batch.close()
+
+    def _event_message(
+        self, event: str, args: Any, kwargs: dict[str, Any], countdown: float | None, eta: datetime | None
+    ) -> OutgoingMessage:
         check_event_name(event)
-        headers, body = event_envelope(event, args, kwargs or {}, self.service)
-        event_id = headers["id"]
+        headers, body = event_envelope(event, args, kwargs, self.service)
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
         delay = delays.whole_seconds(countdown or 0)
         if delay:
-            message = OutgoingMessage(
-                delays.entry_exchange(),
-                delays.routing_key(delay, delays.event_destination(event)),
-                headers,
-                body,
-                event_id,
-            )
+            exchange = delays.entry_exchange()
+            routing_key = delays.routing_key(delay, delays.event_destination(event))
         else:
-            message = OutgoingMessage(self.events_settings.exchange, event, headers, body, event_id)
-        try:
-            routed = self.publisher.publish(message)
-        except NotFound as exc:
-            raise TopologyMissing(
-                f"cannot delay {event!r}: the delay ladder is not on the broker yet. Start a worker of any "
-                "service, or run `amqp-events -A <app> topology declare`."
-            ) from exc
-        if delay and not routed:
+            exchange, routing_key = self.events_settings.exchange, event
+        return OutgoingMessage(exchange, routing_key, headers, body, headers["id"])
+
+    def _fired(self, message: OutgoingMessage, routed: bool) -> None:
+        event = message.headers["task"]
+        delayed = message.exchange == delays.entry_exchange()
+        if delayed and not routed:
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
         if not routed:
-            logger.debug("fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, event_id)
-        log_event("fired", event=event, service=self.service, event_id=event_id, delay=delay)
-        return event_id
+            logger.debug(
+                "fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, message.message_id
+            )
+        log_event("fired", event=event, service=self.service, event_id=message.message_id, delayed=delayed)
 
     @cached_property
     def publisher(self) -> Publisher:

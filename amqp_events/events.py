@@ -4,12 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from amqp_events import delays
+from amqp_events.message import OutgoingMessage
+from amqp_events.publisher import ConfirmedBatch, PublishError
+from amqp_events.topology import events_exchange
+
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
+
+logger = logging.getLogger("amqp_events")
+
+
+class TopologyMissing(RuntimeError):
+    """A queue or exchange the library needs is not on the broker."""
+
 
 P = ParamSpec("P")
 C = TypeVar("C", bound=type)
@@ -84,3 +97,36 @@ def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
 def _pydantic_payload(instance: Any) -> dict[str, Any]:
     # JSON mode turns UUIDs, datetimes and nested models into plain JSON values.
     return dict(instance.model_dump(mode="json"))
+
+
+class EventBatch:
+    """The events fired inside ``with app.batch():`` (see :meth:`EventsApp.batch`)."""
+
+    def __init__(self, app: EventsApp, window: int) -> None:
+        settings = app.events_settings
+        self.app = app
+        self._publisher = ConfirmedBatch(app, settings.publish_timeout, (events_exchange(settings),), window)
+        #: Ids of the events fired in the block, in order.
+        self.ids: list[str] = []
+        self._delayed: set[str] = set()
+
+    def publish(self, message: OutgoingMessage) -> None:
+        self._publisher.publish(message)
+        self.ids.append(message.message_id)
+        if message.exchange == delays.entry_exchange():
+            self._delayed.add(message.message_id)
+
+    def finish(self) -> None:
+        """Wait for every confirm; raise for anything the broker refused or could not route."""
+        self._publisher.wait()
+        if self._publisher.refused:
+            raise PublishError(f"the broker refused {len(self._publisher.refused)} event(s): {self._publisher.refused}")
+        lost_delays = self._delayed & self._publisher.returned
+        if lost_delays:
+            raise TopologyMissing(f"{len(lost_delays)} delayed event(s) found no delay queue: {sorted(lost_delays)}")
+        unrouted = len(self._publisher.returned)
+        if unrouted:
+            logger.debug("fired %d event(s) in a batch that no service subscribes to", unrouted)
+
+    def close(self) -> None:
+        self._publisher.close()

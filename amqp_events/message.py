@@ -31,7 +31,7 @@ FIRED_AT = "fired_at"
 FIRED_BY = "fired_by"
 FIRST_FAILURE_AT = "first_failure_at"
 #: Envelope headers a retried or replayed copy keeps from the original.
-CARRIED_HEADERS = ("lang", "task", "id", "root_id", "parent_id", "group", "origin", FIRED_AT, FIRED_BY)
+CARRIED_HEADERS = ("task", "id", "root_id", "parent_id", "group", "origin", FIRED_AT, FIRED_BY)
 
 #: Headers RabbitMQ adds on dead-lettering and redelivery.
 X_DEATH = "x-death"
@@ -85,18 +85,8 @@ def event_envelope(
     name: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any], fired_by: str
 ) -> tuple[dict[str, Any], list[Any]]:
     """Headers and body of a newly fired event."""
-    event_id = str(uuid.uuid4())
-    headers = {
-        "lang": "py",
-        "task": name,
-        "id": event_id,
-        "root_id": event_id,
-        "parent_id": None,
-        "group": None,
-        "retries": 0,
-        FIRED_AT: isoformat(utcnow()),
-        FIRED_BY: fired_by,
-    }
+    # Only what a worker needs: Celery reads every other protocol-2 header with a default.
+    headers = {"task": name, "id": str(uuid.uuid4()), FIRED_AT: isoformat(utcnow()), FIRED_BY: fired_by}
     return headers, [list(args), dict(kwargs), EMPTY_EMBED]
 
 

@@ -129,3 +129,100 @@ class Publisher:
 
             channel.events["basic_return"].add(on_return)
         return returned
+
+
+class ConfirmedBatch:
+    """Publishes many messages and awaits their broker confirms together (pipelined).
+
+    One confirm per message costs a network round trip each; keeping up to
+    ``window`` messages in flight and collecting their confirms as they come
+    removes that wait. Uses a connection of its own, closed by :meth:`close`.
+    """
+
+    def __init__(self, app: Celery, timeout: float, declare: tuple[Exchange, ...] = (), window: int = 2000) -> None:
+        self.timeout, self.window = timeout, window
+        self.connection = app.connection_for_write(transport_options={"confirm_publish": False})
+        self.channel: Any = self.connection.channel()
+        self.channel.confirm_select()
+        for exchange in declare:
+            exchange.declare(channel=self.channel)
+        self.producer = Producer(self.channel)
+        self._next_tag = 1
+        self._unconfirmed: dict[int, str] = {}  # delivery tag -> message id, oldest first
+        #: Ids the broker refused (nack).
+        self.refused: list[str] = []
+        #: Ids no queue received (returned as unroutable).
+        self.returned: set[str] = set()
+        self.channel.events["basic_ack"].add(self._on_ack)
+        self.channel.events["basic_nack"].add(self._on_nack)
+        self.channel.events["basic_return"].add(self._on_return)
+
+    def publish(self, message: OutgoingMessage) -> None:
+        """Send ``message`` without waiting for its confirm (at most ``window`` are in flight)."""
+        try:
+            self.producer.publish(
+                message.body,
+                exchange=message.exchange,
+                routing_key=message.routing_key,
+                headers=message.headers,
+                serializer=None if message.content_type else "json",
+                content_type=message.content_type,
+                content_encoding=message.content_encoding,
+                delivery_mode=PERSISTENT,
+                mandatory=True,
+                message_id=message.message_id,
+            )
+        except self.connection.connection_errors as exc:
+            raise self._interrupted(exc) from exc
+        self._unconfirmed[self._next_tag] = message.message_id
+        self._next_tag += 1
+        if len(self._unconfirmed) >= self.window:
+            self._drain(until=self.window // 2)
+
+    def wait(self) -> None:
+        """Wait until the broker confirmed (or refused) everything sent so far."""
+        self._drain(until=0)
+
+    def close(self) -> None:
+        self.connection.release()
+
+    def _drain(self, until: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while len(self._unconfirmed) > until:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishError(
+                    f"the broker did not confirm {len(self._unconfirmed)} event(s) within {self.timeout:g}s: "
+                    + ", ".join(self._unconfirmed.values())
+                )
+            try:
+                self.connection.drain_events(timeout=remaining)
+            except TimeoutError:
+                continue
+            except self.connection.connection_errors as exc:
+                raise self._interrupted(exc) from exc
+
+    def _interrupted(self, exc: BaseException) -> PublishError:
+        return PublishError(
+            f"the connection failed during a batch ({exc}); these event(s) may not have been delivered: "
+            + ", ".join(self._unconfirmed.values())
+        )
+
+    def _settle(self, tag: int, multiple: bool) -> list[str]:
+        settled = []
+        for pending in list(self._unconfirmed) if multiple else [tag]:
+            if pending > tag:
+                break
+            message_id = self._unconfirmed.pop(pending, None)
+            if message_id is not None:
+                settled.append(message_id)
+        return settled
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        self._settle(tag, multiple)
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        self.refused.extend(self._settle(tag, multiple))
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
+        self.returned.add(message.properties.get("message_id"))
