@@ -21,6 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
+from celery.concurrency.solo import TaskPool as SoloPool
 from celery.exceptions import InvalidTaskError
 from celery.worker.consumer import Consumer
 from kombu.exceptions import ContentDisallowed
@@ -54,6 +55,20 @@ class EventConsumer(Consumer):
         # scheduled from another thread, so schedule a no-op from one.
         if self.hub is not None:
             threading.Thread(target=self.hub.call_soon, args=(_nothing,), daemon=True).start()
+
+    def call_soon_ack(self, p: Any, *args: Any, **kwargs: Any) -> Any:
+        # Celery queues acks for the event loop's next turn. With the solo pool
+        # the task ran inside this turn, and the next one may first sit in
+        # poll() for up to 10 s: once the prefetch window is full the broker
+        # sends nothing to wake it. The solo pool runs on the loop's thread, so
+        # send the ack now (a thread pool must keep the queue).
+        if isinstance(self.pool, SoloPool):
+            try:
+                p(*args, **kwargs)
+            except Exception:
+                logger.exception("could not ack or reject a message")
+            return p
+        return super().call_soon_ack(p, *args, **kwargs)
 
     def connect(self) -> Any:
         connection = super().connect()

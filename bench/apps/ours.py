@@ -1,0 +1,20 @@
+"""The celery-amqp-events service the benchmarks run: a no-op handler and a handler that retries once."""
+
+import os
+
+from amqp_events.celery import events_app
+from marks import mark
+
+app = events_app(os.environ.get("SERVICE", "bench"), broker_url=os.environ["BROKER_URL"])
+
+
+@app.handler("bench.noop")
+def noop(n, last=False):
+    mark(n, last)
+
+
+@app.handler("bench.wait", bind=True)
+def wait(self, n, delay):
+    mark(n, False, attempt=self.request.retries + 1)
+    if self.request.retries == 0:
+        raise self.retry(countdown=delay)
