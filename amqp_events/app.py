@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, ParamSpec, TypeVar, cast, overload
 
@@ -20,7 +20,9 @@ from amqp_events.declare import declare_topology
 from amqp_events.events import Event, EventBatch, TopologyMissing, event_class
 from amqp_events.handler import EventHandler
 from amqp_events.logs import log_event
-from amqp_events.message import OutgoingMessage, event_envelope
+from amqp_events.message import DUE_AT, OutgoingMessage, event_envelope, isoformat, utcnow
+from amqp_events.metrics import record_fired
+from amqp_events.metrics import worker as _worker_metrics  # noqa: F401  (connects the worker's signals)
 from amqp_events.publisher import Publisher
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults
 from amqp_events.topology import (
@@ -135,8 +137,11 @@ class EventsApp(Celery):
             return message.message_id
         try:
             routed = self.publisher.publish(message)
-        except NotFound as exc:
-            raise TopologyMissing(_NO_LADDER.format(event=event)) from exc
+        except Exception as exc:
+            record_fired(self.service, event, "error")
+            if isinstance(exc, NotFound):
+                raise TopologyMissing(_NO_LADDER.format(event=event)) from exc
+            raise
         self._fired(message, routed)
         return message.message_id
 
@@ -173,6 +178,7 @@ class EventsApp(Celery):
         if delay:
             exchange = delays.entry_exchange()
             routing_key = delays.routing_key(delay, delays.event_destination(event))
+            headers[DUE_AT] = isoformat(utcnow() + timedelta(seconds=delay))
         else:
             exchange, routing_key = self.events_settings.exchange, event
         return OutgoingMessage(exchange, routing_key, headers, body, headers["id"])
@@ -180,6 +186,7 @@ class EventsApp(Celery):
     def _fired(self, message: OutgoingMessage, routed: bool) -> None:
         event = message.headers["task"]
         delayed = message.exchange == delays.entry_exchange()
+        record_fired(self.service, event, "confirmed" if routed else "unroutable")
         if delayed and not routed:
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
         if not routed:

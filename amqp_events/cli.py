@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from amqp_events.check import LiveTopology, differences, expected_bindings
 from amqp_events.declare import TopologyMismatch
 from amqp_events.local_broker import LocalBroker, LocalBrokerError
 from amqp_events.management import ManagementAPI, ManagementError
+from amqp_events.metrics import AVAILABLE
 from amqp_events.publisher import PublishError
 from amqp_events.topology import InvalidName, Topology
 
@@ -408,6 +410,42 @@ def _payload(payload: str | None, pairs: Sequence[str]) -> tuple[list[Any], dict
         except ValueError:
             kwargs[key] = value
     return args, kwargs
+
+
+# -- exporter ----------------------------------------------------------------
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve /metrics on.")
+@click.option("--port", default=9808, type=int, show_default=True)
+@click.option("--interval", default=15.0, show_default=True, help="Seconds between collections from the broker.")
+@click.option("--worker-timeout", default=30.0, show_default=True, help="Silent seconds before a worker reads down.")
+@click.option("--forget-after", default=600.0, show_default=True, help="Silent seconds before a worker's series go.")
+@click.option("--no-management", is_flag=True, help="Use passive declares only (no unacked counts).")
+@pass_context
+@one_line_errors
+def exporter(
+    context: Context,
+    host: str,
+    port: int,
+    interval: float,
+    worker_timeout: float,
+    forget_after: float,
+    no_management: bool,
+) -> None:
+    """Serve the service's queue depths, consumers and workers online as Prometheus metrics."""
+    if not AVAILABLE:
+        raise click.ClickException("the exporter needs prometheus-client: pip install 'celery-amqp-events[metrics]'")
+    from amqp_events.metrics.exporter import Exporter
+
+    management = None if no_management else context.management
+    Exporter(context.app, management, interval, worker_timeout, forget_after).serve(host, port)
+    click.echo(f"serving metrics of service {context.app.service!r} on http://{host}:{port}/metrics", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
 
 
 # -- local broker ------------------------------------------------------------

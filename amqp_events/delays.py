@@ -48,12 +48,10 @@ def level_ttl_ms(level: int) -> int:
 
 def entry_exchange() -> str:
     """Every delayed message is published here: the highest level."""
-    return level_name(LEVELS - 1)
+    return ENTRY_EXCHANGE
 
 
-def next_exchange(level: int) -> str:
-    """Where a message goes after level ``level`` (waited or skipped)."""
-    return level_name(level - 1) if level > 0 else DELIVERY_EXCHANGE
+ENTRY_EXCHANGE = level_name(LEVELS - 1)
 
 
 def bit_pattern(level: int, bit: str) -> str:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from amqp_events import delays
 from amqp_events.message import OutgoingMessage
+from amqp_events.metrics import record_fired
 from amqp_events.publisher import ConfirmedBatch, PublishError
 from amqp_events.topology import events_exchange
 
@@ -108,17 +109,23 @@ class EventBatch:
         self._publisher = ConfirmedBatch(app, settings.publish_timeout, (events_exchange(settings),), window)
         #: Ids of the events fired in the block, in order.
         self.ids: list[str] = []
+        self._names: list[str] = []
         self._delayed: set[str] = set()
 
     def publish(self, message: OutgoingMessage) -> None:
         self._publisher.publish(message)
         self.ids.append(message.message_id)
+        self._names.append(message.headers["task"])
         if message.exchange == delays.entry_exchange():
             self._delayed.add(message.message_id)
 
     def finish(self) -> None:
         """Wait for every confirm; raise for anything the broker refused or could not route."""
         self._publisher.wait()
+        refused, returned = set(self._publisher.refused), self._publisher.returned
+        for event_id, name in zip(self.ids, self._names, strict=True):
+            result = "error" if event_id in refused else "unroutable" if event_id in returned else "confirmed"
+            record_fired(self.app.service, name, result)
         if self._publisher.refused:
             raise PublishError(f"the broker refused {len(self._publisher.refused)} event(s): {self._publisher.refused}")
         lost_delays = self._delayed & self._publisher.returned

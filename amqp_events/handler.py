@@ -20,6 +20,7 @@ import inspect
 import logging
 import time
 from collections.abc import Mapping
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from amqp_events import delays
 from amqp_events.logs import log_event
 from amqp_events.message import (
+    DUE_AT,
     EMPTY_EMBED,
     FIRST_FAILURE_AT,
     JSON,
@@ -43,9 +45,11 @@ from amqp_events.message import (
     isoformat,
     json_body,
     parse_time,
+    queue_wait,
     utcnow,
     was_rejected,
 )
+from amqp_events.metrics import ExceptionLabels, HandlerRun, record_archived
 from amqp_events.retry import GiveUp, RetryPolicy
 from amqp_events.topology import event_queue_name
 
@@ -90,6 +94,10 @@ class EventHandler(Task):
         return RetryPolicy.from_settings(self.app.events_settings, **self.retry_options)
 
     @cached_property
+    def exception_labels(self) -> ExceptionLabels:
+        return ExceptionLabels(self.app.events_settings.metrics_exception_labels)
+
+    @cached_property
     def queue_name(self) -> str:
         return event_queue_name(self.app.service, self.name)
 
@@ -103,25 +111,29 @@ class EventHandler(Task):
             return super().__call__(*args, **kwargs)
         headers = vars(request)
         retries = int(request.retries or 0)
-        deliveries = earlier_deliveries(headers)
-        if deliveries >= self.app.events_settings.max_deliveries:
-            lost = WorkerLost(f"delivered {deliveries} times before without an ack: the worker running it died")
-            raise self._give_up(Reason.WORKER_LOST, lost, attempts=retries + deliveries)
-        if was_rejected(headers, self.queue_name):
-            raise self._after_failure(Rejected("the message was rejected without requeue"))
-        try:
-            args, kwargs = self._fit_arguments(args, kwargs)
-        except BadArguments as exc:
-            raise self._give_up(Reason.BAD_ARGUMENTS, exc, attempts=retries) from None
-        started = time.monotonic()
-        try:
-            result = self.run(*args, **kwargs)
-        except (Retry, Ignore, Reject):
-            raise
-        except Exception as exc:
-            raise self._after_failure(exc) from exc
-        self._log("handled", seconds=f"{time.monotonic() - started:.3f}")
-        return result
+        run = request.metrics_run = HandlerRun(
+            self.app.service, self.handler_name, retries + 1, queue_wait(headers), self.exception_labels
+        )
+        with run:
+            deliveries = earlier_deliveries(headers)
+            if deliveries >= self.app.events_settings.max_deliveries:
+                lost = WorkerLost(f"delivered {deliveries} times before without an ack: the worker running it died")
+                raise self._give_up(Reason.WORKER_LOST, lost, attempts=retries + deliveries)
+            if was_rejected(headers, self.queue_name):
+                raise self._after_failure(Rejected("the message was rejected without requeue"))
+            try:
+                args, kwargs = self._fit_arguments(args, kwargs)
+            except BadArguments as exc:
+                raise self._give_up(Reason.BAD_ARGUMENTS, exc, attempts=retries) from None
+            try:
+                result = self.run(*args, **kwargs)
+            except (Retry, Ignore, Reject):
+                raise
+            except Exception as exc:
+                raise self._after_failure(exc) from exc
+            run.finish("success")
+            self._log("handled", seconds=f"{time.monotonic() - run.started:.3f}")
+            return result
 
     def retry(
         self,
@@ -172,9 +184,11 @@ class EventHandler(Task):
         if decision.delay:
             exchange = delays.entry_exchange()
             routing_key = delays.routing_key(decision.delay, delays.queue_destination(self.queue_name))
+            copy[DUE_AT] = isoformat(utcnow() + timedelta(seconds=decision.delay))
         else:
             exchange, routing_key = "", self.queue_name
         self.app.publish_routed(OutgoingMessage(exchange, routing_key, copy, [*body, EMPTY_EMBED], str(request.id)))
+        self._metrics(request).finish("retry_scheduled", exc, "retry")
         self._log("retrying", delay=decision.delay, error=_describe(exc))
         return Retry(exc=exc if isinstance(exc, Exception) else None, when=float(decision.delay))
 
@@ -195,10 +209,18 @@ class EventHandler(Task):
             queue=self.queue_name,
         )
         self.app.publish_routed(archived_message(delivered, failure, self.app.service, self.handler_name))
+        self._metrics(request).finish("archived", exc, "archive")
+        record_archived(self.app.service, self.name, reason)
         self._log("archived", reason=reason, error=_describe(exc), level=logging.WARNING)
         return Ignore()
 
     # -- helpers ----------------------------------------------------------
+
+    def _metrics(self, request: Any) -> HandlerRun:
+        run = request.get("metrics_run")
+        if run is None:  # self.retry() called outside a worker run
+            run = HandlerRun(self.app.service, self.handler_name, 1, None, self.exception_labels)
+        return run
 
     def _fit_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.event_class is not None:

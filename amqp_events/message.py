@@ -4,11 +4,12 @@ An event is an ordinary Celery task message, so a plain ``celery worker``
 runs it: the ``task`` header is the event name, ``id`` is the event id and
 ``retries`` counts the retries so far. The library adds:
 
-================== ==========================================================
-``fired_at``       ISO-8601 UTC time the event was fired (kept across retries)
-``fired_by``       the service that fired it
+==================== ========================================================
+``fired_at``         ISO-8601 UTC time the event was fired (kept across retries)
+``fired_by``         the service that fired it
 ``first_failure_at`` ISO-8601 UTC time its handler first failed (retries only)
-================== ==========================================================
+``due_at``           ISO-8601 UTC time a delayed copy's wait ends (delayed only)
+==================== ========================================================
 
 Archived messages carry the ``archive_*`` headers of :data:`ARCHIVE_HEADERS`.
 Everything here is pure: building and reading messages, no I/O.
@@ -30,6 +31,7 @@ from amqp_events.topology import archive_queue_name
 FIRED_AT = "fired_at"
 FIRED_BY = "fired_by"
 FIRST_FAILURE_AT = "first_failure_at"
+DUE_AT = "due_at"
 #: Envelope headers a retried or replayed copy keeps from the original.
 CARRIED_HEADERS = ("task", "id", "root_id", "parent_id", "group", "origin", FIRED_AT, FIRED_BY)
 
@@ -127,6 +129,12 @@ class EventMetadata:
             fired_by=headers.get(FIRED_BY),
             attempt=int(headers.get("retries") or 0) + 1,
         )
+
+
+def queue_wait(headers: Mapping[str, Any], now: datetime | None = None) -> float | None:
+    """Seconds a message waited in its queue: since it was due (fired, or its delay over)."""
+    due = parse_time(headers.get(DUE_AT)) or parse_time(headers.get(FIRED_AT))
+    return None if due is None else ((now or utcnow()) - due).total_seconds()
 
 
 def was_rejected(headers: Mapping[str, Any], queue: str) -> bool:

@@ -36,6 +36,7 @@ ENVIRONMENT: dict[str, str] = {
     "AMQP_EVENTS_MAX_RETRIES": "amqp_events_max_retries",
     "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": "amqp_events_archive_ttl_ms",
     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "amqp_events_archive_max_length",
+    "AMQP_EVENTS_METRICS_PORT": "amqp_events_metrics_port",
 }
 
 SETTING_PREFIX = "amqp_events_"
@@ -63,6 +64,13 @@ class Settings:
     archive_max_length: int = 10_000
     #: Seconds firing an event may take (connecting, confirming) before it raises.
     publish_timeout: float = 10.0
+    #: Port of the worker's Prometheus endpoint; 0 serves none.
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    #: Distinct exception class names per handler in metric labels; the rest are counted as "other".
+    metrics_exception_labels: int = 10
+    #: Seconds between a worker's heartbeats (read by ``amqp-events exporter``).
+    heartbeat_interval: float = 5.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -78,6 +86,8 @@ class Settings:
             problems.append("archive limits must be >= 0 (0 means unbounded)")
         if self.publish_timeout <= 0:
             problems.append("publish_timeout must be > 0")
+        if self.heartbeat_interval <= 0:
+            problems.append("heartbeat_interval must be > 0")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 

@@ -82,6 +82,11 @@ def events_exchange(settings: Settings) -> Exchange:
     return Exchange(settings.exchange, "topic", durable=True, auto_delete=False)
 
 
+def heartbeats_exchange() -> Exchange:
+    """Where workers announce themselves every few seconds (read by ``amqp-events exporter``)."""
+    return Exchange(f"{delays.PREFIX}.heartbeats", "fanout", durable=True, auto_delete=False)
+
+
 def delivery_exchange() -> Exchange:
     return Exchange(
         delays.DELIVERY_EXCHANGE,
@@ -224,7 +229,7 @@ def service_topology(service: str, events: Iterable[str], settings: Settings) ->
     archive = archive_queue(service, settings)
     return Topology(
         service=check_service_name(service),
-        exchanges=(events_exchange(settings), *exchanges),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange()),
         queues=(*queues, archive, *event_queues),
         bindings=tuple(bindings),
         event_queues=tuple(event_queues),

@@ -12,13 +12,16 @@
   instead of being acked and dropped (Celery's default for undecodable
   messages) or rejected (its default for unknown tasks, which the queue's
   dead-letter exchange would bring straight back).
+
+It also leaves out Celery's native delayed delivery and, with the solo
+pool, sends acks at once (see :meth:`EventConsumer.call_soon_ack`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import signals
 from celery.concurrency.solo import TaskPool as SoloPool
@@ -31,6 +34,7 @@ from vine import promise
 from amqp_events import delays
 from amqp_events.declare import TopologyMismatch, declare_topology
 from amqp_events.message import Delivered, Failure, Reason, archived_message
+from amqp_events.metrics import record_archived
 from amqp_events.topology import InvalidName, event_queue_name
 
 if TYPE_CHECKING:
@@ -44,6 +48,15 @@ class EventConsumer(Consumer):
 
     app: EventsApp
     hub: Any
+
+    class Blueprint(Consumer.Blueprint):
+        # Celery's native delayed delivery would declare 28 queues of its own
+        # on every vhost with quorum queues and bind ours to them; delays here
+        # go through the library's ladder, routed back to one queue only.
+        default_steps: ClassVar[list[str]] = [
+            *(step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")),
+            "amqp_events.metrics.worker:Heartbeat",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,6 +156,7 @@ class EventConsumer(Consumer):
             )
             return
         message.ack()
+        record_archived(self.app.service, str(headers.get("task") or ""), reason)
         logger.error(
             "archived a message service %r cannot run: reason=%s event=%s id=%s routing_key=%s: %s",
             self.app.service,

@@ -33,6 +33,7 @@ class WorkerProcess:
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path, log_path: Path) -> None:
         self.argv, self.env, self.cwd, self.log_path = list(argv), dict(env), cwd, log_path
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
 
     @property
     def pid(self) -> int:
@@ -41,6 +42,7 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         with self.log_path.open("ab") as log:
+            self._log_start = log.tell()  # a reused log file: only what this start writes counts
             self.process = subprocess.Popen(
                 self.argv,
                 env=self.env,
@@ -56,7 +58,7 @@ class WorkerProcess:
         """Wait for Celery's "ready." line; fail with the log tail if the worker exits or times out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if " ready." in self.log():
+            if " ready." in self.log()[self._log_start :]:
                 return self
             if self.process is None or self.process.poll() is not None:
                 raise WorkerStartError(f"worker {self.argv} exited during start-up:\n{self.log_tail()}")

@@ -43,7 +43,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=60, help="how many invoices to pay (default 60)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the handlers")
     options = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, interrupt)  # a SIGTERM cleans up as Ctrl-C does
 
     workdir = Path(tempfile.mkdtemp(prefix="amqp-events-demo-"))
     node = LocalBroker(workdir / "broker")
@@ -84,6 +84,10 @@ def main() -> int:
         node.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         say(f"stopped the workers and the broker; removed {workdir}")
+
+
+def interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
 
 
 def fire(billing, count: int) -> None:

@@ -96,3 +96,23 @@ def cli(broker_url: str, monkeypatch: pytest.MonkeyPatch, rabbitmq: Any) -> Call
         return runner.invoke(main, [*prefix, *args], input=input, catch_exceptions=False)
 
     return invoke
+
+
+@pytest.fixture
+def service_app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
+    """``service_app("orders")``: the app of ``services/orders.py``, imported afresh for this test's vhost."""
+    import importlib
+
+    monkeypatch.setenv("BROKER_URL", broker_url)
+    apps = []
+
+    def load(service: str) -> Any:
+        for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
+            del sys.modules[name]
+        app = importlib.import_module(f"services.{service}").app
+        apps.append(app)
+        return app
+
+    yield load
+    for app in apps:
+        app.close()

@@ -11,12 +11,22 @@ from amqp_events.declare import declare_topology
 pytestmark = pytest.mark.broker
 
 
-def test_a_worker_declares_the_whole_topology(worker, rabbitmq, vhost):
+def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):
     worker("orders")
     queues = {queue["name"]: queue for queue in rabbitmq.management.queues(vhost)}
     assert "orders:test.ping" in queues and "orders.archive" in queues
     assert len([name for name in queues if name.startswith("amqp_events.delay.")]) == 22
     assert queues["orders:test.ping"]["arguments"]["x-queue-type"] == "quorum"
+    expected = {queue.name for queue in events_app("orders").topology.queues}  # no handler: shared + archive
+    others = set(queues) - expected
+    # the five event queues of services/orders.py, and Celery's own remote-control queue (auto-deleted)
+    assert {name for name in others if not name.endswith(".celery.pidbox")} == {
+        "orders:billing.invoice.paid",
+        "orders:test.orders_only",
+        "orders:test.ping",
+        "orders:users.registered",
+        "orders:users.registered_model",
+    }
 
 
 def test_a_queue_with_other_arguments_stops_the_worker_with_a_clear_message(worker, broker_url):

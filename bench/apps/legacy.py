@@ -1,16 +1,12 @@
-"""celery-amqp-events 0.1.0 (run in its own virtualenv): the original design, as a baseline."""
+"""celery-amqp-events 0.1.0 (run in its own virtualenv): the original design's worker, as a baseline."""
 
 import os
 
-from amqp_events.celery import events_app
 from marks import mark
 
+from amqp_events.celery import events_app
+
 app = events_app("legacy", broker_url=os.environ["BROKER_URL"])
-
-
-@app.event("bench.noop")
-def noop_event(n, last=False):
-    pass
 
 
 @app.handler("bench.noop")

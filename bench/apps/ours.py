@@ -2,8 +2,9 @@
 
 import os
 
-from amqp_events.celery import events_app
 from marks import mark
+
+from amqp_events.celery import events_app
 
 app = events_app(os.environ.get("SERVICE", "bench"), broker_url=os.environ["BROKER_URL"])
 

@@ -11,6 +11,7 @@ app = events_app(
     broker_url=os.environ["BROKER_URL"],
     amqp_events_max_retries=int(os.environ.get("MAX_RETRIES", "3")),
     amqp_events_backoff_max=float(os.environ.get("BACKOFF_MAX", "3600")),
+    amqp_events_heartbeat_interval=float(os.environ.get("HEARTBEAT_INTERVAL", "5")),
 )
 
 

@@ -1,0 +1,144 @@
+"""Prometheus metrics recorded by producers and workers (needs the ``[metrics]`` extra).
+
+Without ``prometheus_client`` every ``record_*`` function does nothing. With
+it, the instruments are created on first use, in whatever registry mode the
+process is in: in a prefork worker with ``PROMETHEUS_MULTIPROC_DIR`` set (the
+worker sets it when ``amqp_events_metrics_port`` is configured), each child
+writes its own files and the worker's main process serves the sum.
+
+Labels are bounded by design: service, event, handler (the registered
+function's name), outcome, reason, and the exception's class name, capped per
+handler (see :class:`ExceptionLabels`). Never a hostname of a producer, a PID,
+a task id or an exception message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from functools import cache
+from importlib.util import find_spec
+from typing import Any
+
+#: prometheus_client is imported on first use only, so that a worker can still
+#: switch it to multiprocess mode (an environment variable read at import).
+AVAILABLE = find_spec("prometheus_client") is not None
+
+PREFIX = "amqp_events_"
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400)
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 11, 16, 21, 31)
+OTHER = "other"
+
+
+class ExceptionLabels:
+    """One handler's exception class names as label values: the first ``limit`` distinct ones, then ``other``.
+
+    Each worker process keeps its own first ``limit`` names.
+    """
+
+    def __init__(self, limit: int = 10) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, exception: BaseException) -> str:
+        name = type(exception).__name__
+        with self._lock:
+            if name in self._seen:
+                return name
+            if len(self._seen) < self.limit:
+                self._seen.add(name)
+                return name
+        return OTHER
+
+
+@cache
+def instruments() -> dict[str, Any]:
+    """The instruments, created once per process on first use."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    return {
+        "fired": Counter(
+            PREFIX + "events_fired", "Events fired, by result: confirmed, unroutable (no subscriber) or error.",
+            ["service", "event", "result"],
+        ),
+        "outcomes": Counter(
+            PREFIX + "handler_outcomes", "Handler runs by outcome: success, retry_scheduled or archived.",
+            ["service", "handler", "outcome"],
+        ),
+        "failures": Counter(
+            PREFIX + "handler_failures", "Handler failures by exception class and what happened next.",
+            ["service", "handler", "exception", "disposition"],
+        ),
+        "duration": Histogram(
+            PREFIX + "handler_duration_seconds", "Handler run time, successes and failures alike.",
+            ["service", "handler", "outcome"], buckets=DURATION_BUCKETS,
+        ),
+        "queue_wait": Histogram(
+            PREFIX + "queue_wait_seconds",
+            "From when a message was due (fired, or its retry delay over) to its handler's start.",
+            ["service", "handler"], buckets=WAIT_BUCKETS,
+        ),
+        "attempts": Histogram(
+            PREFIX + "handler_attempts", "Attempts a message took to reach its final outcome.",
+            ["service", "handler", "outcome"], buckets=ATTEMPT_BUCKETS,
+        ),
+        "archived": Counter(
+            PREFIX + "archived", "Messages sent to the archive, by reason.", ["service", "event", "reason"]
+        ),
+        "in_progress": Gauge(
+            PREFIX + "handlers_in_progress", "Handlers running right now.", ["service", "handler"],
+            multiprocess_mode="livesum",
+        ),
+    }  # fmt: skip
+
+
+def record_fired(service: str, event: str, result: str) -> None:
+    if AVAILABLE:
+        instruments()["fired"].labels(service, event, result).inc()
+
+
+def record_archived(service: str, event: str, reason: str) -> None:
+    if AVAILABLE:
+        instruments()["archived"].labels(service, event, reason).inc()
+
+
+class HandlerRun:
+    """Metrics of one handler run: ``with HandlerRun(...) as run: ...; run.finish(outcome, ...)``."""
+
+    __slots__ = ("attempt", "exception_labels", "handler", "service", "started", "wait")
+
+    def __init__(
+        self, service: str, handler: str, attempt: int, wait: float | None, exception_labels: ExceptionLabels
+    ) -> None:
+        self.service, self.handler, self.attempt, self.wait = service, handler, attempt, wait
+        self.exception_labels = exception_labels
+        self.started = 0.0
+
+    def __enter__(self) -> HandlerRun:
+        self.started = time.monotonic()
+        if AVAILABLE:
+            metrics = instruments()
+            metrics["in_progress"].labels(self.service, self.handler).inc()
+            if self.wait is not None:
+                metrics["queue_wait"].labels(self.service, self.handler).observe(max(0.0, self.wait))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if AVAILABLE:
+            instruments()["in_progress"].labels(self.service, self.handler).dec()
+
+    def finish(self, outcome: str, exception: BaseException | None = None, disposition: str = "") -> None:
+        """``outcome``: success, retry_scheduled or archived; a failure's exception and disposition."""
+        if not AVAILABLE:
+            return
+        metrics = instruments()
+        labels = (self.service, self.handler)
+        metrics["outcomes"].labels(*labels, outcome).inc()
+        metrics["duration"].labels(*labels, outcome).observe(time.monotonic() - self.started)
+        if exception is not None:
+            exception_label = self.exception_labels.label(exception)
+            metrics["failures"].labels(*labels, exception_label, disposition).inc()
+        if outcome != "retry_scheduled":
+            metrics["attempts"].labels(*labels, outcome).observe(self.attempt)

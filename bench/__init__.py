@@ -1,0 +1,1 @@
+"""Benchmarks of celery-amqp-events against its baselines, side by side in one run: ``python -m bench``."""

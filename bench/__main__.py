@@ -1,0 +1,72 @@
+"""Run the benchmarks: ``python -m bench`` (full: writes BENCHMARKS.md and bench/chart.png) or ``--quick``.
+
+Starts its own private RabbitMQ node, runs every scenario with its baselines
+in the same run, and reports ratios. ``--quick`` (used in CI) only proves the
+suite still runs: it asserts no speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import scenarios
+from bench.harness import BENCH, Bench
+from bench.report import chart, markdown, text_table
+
+NOTES = BENCH / "NOTES.md"
+
+
+def interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, no report files (CI)")
+    parser.add_argument("--only", help="run only scenarios whose function name contains this")
+    options = parser.parse_args()
+    # A SIGTERM must stop the broker and workers started here, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, interrupt)
+    size = scenarios.QUICK if options.quick else scenarios.FULL
+    started = time.monotonic()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="amqp-events-bench-") as workdir, Bench(Path(workdir)) as bench:
+
+        def wanted(name: str) -> bool:
+            return not options.only or options.only in name
+
+        if wanted("fire_one_at_a_time"):
+            results.append(scenarios.fire_one_at_a_time(bench, size))
+        if wanted("fire_in_a_batch"):
+            results.append(scenarios.fire_in_a_batch(bench, size))
+        one_service = None
+        if wanted("end_to_end"):
+            solo = scenarios.end_to_end(bench, size, "solo", 1)
+            one_service = solo.values["ours"]
+            results += [solo, scenarios.end_to_end(bench, size, "prefork", 2)]
+        if wanted("fan_out"):
+            one_service = one_service or scenarios.drain(bench, size, "ours", "solo", 1)
+            results.append(scenarios.fan_out(bench, size, one_service))
+        if wanted("memory"):
+            results.append(scenarios.memory_while_waiting(bench, size))
+        if wanted("accuracy"):
+            results.append(scenarios.retry_delay_accuracy(bench, size))
+        for result in results:
+            print(text_table([result]), flush=True)
+    seconds = time.monotonic() - started
+    print(f"\n{len(results)} scenarios in {seconds:.0f}s")
+    if not options.quick and not options.only:
+        root = BENCH.parent
+        chart(results, BENCH / "chart.png")
+        (root / "BENCHMARKS.md").write_text(markdown(results, seconds, NOTES.read_text()))
+        print(f"wrote {root / 'BENCHMARKS.md'} and {BENCH / 'chart.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

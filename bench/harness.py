@@ -1,0 +1,171 @@
+"""What every benchmark scenario needs: a private broker, a vhost each, workers, marks, the 0.1.0 venv."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kombu import Connection
+
+from amqp_events.local_broker import LocalBroker
+from amqp_events.worker_process import WorkerProcess, worker_argv
+
+BENCH = Path(__file__).resolve().parent
+APPS = BENCH / "apps"
+LEGACY_VENV = BENCH / ".legacy-venv"
+LEGACY_VERSION = "0.1.0"
+#: Same for every library so that only the library differs.
+PREFETCH_MULTIPLIER = "16"
+
+
+@dataclass
+class Run:
+    """One scenario's vhost on the benchmark broker, with a file the handlers write their marks to."""
+
+    url: str
+    vhost: str
+    marks: Path
+    workdir: Path
+
+    def marks_read(self) -> list[dict]:
+        if not self.marks.exists():
+            return []
+        return [json.loads(line) for line in self.marks.read_text().splitlines() if line.strip()]
+
+    def env(self, service: str = "bench") -> dict[str, str]:
+        return {
+            **os.environ,
+            "BROKER_URL": self.url,
+            "MARKS_FILE": str(self.marks),
+            "SERVICE": service,
+            "PYTHONPATH": str(APPS),
+        }
+
+    def queue_depth(self, queue: str) -> int:
+        with Connection(self.url) as connection:
+            return int(connection.default_channel.queue_declare(queue, passive=True).message_count)
+
+    def wait_depth(self, queue: str, at_least: int, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while self.queue_depth(queue) < at_least:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{queue} never reached {at_least} messages")
+            time.sleep(0.2)
+
+    def wait_marks(self, predicate, timeout: float = 300) -> list[dict]:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            marks = self.marks_read()
+            if predicate(marks):
+                return marks
+            time.sleep(0.1)
+        raise TimeoutError(f"marks never satisfied {predicate} in {self.marks}")
+
+    @contextlib.contextmanager
+    def worker(
+        self, app: str, pool: str = "solo", concurrency: int = 1, python: str = sys.executable, service: str = "bench"
+    ) -> Iterator[WorkerProcess]:
+        name = f"{app}-{service}-{pool}-{uuid.uuid4().hex[:6]}"
+        argv = worker_argv(
+            app, "--prefetch-multiplier", PREFETCH_MULTIPLIER, pool=pool, concurrency=concurrency, name=name
+        )
+        argv[0] = python
+        log = self.workdir / f"{name}.log"
+        worker = WorkerProcess(argv, self.env(service), APPS, log).start()
+        try:
+            worker.wait_ready(120)
+            yield worker
+        finally:
+            worker.stop()
+
+
+class Bench:
+    """The benchmark broker: a private node, one vhost per run."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.node = LocalBroker(workdir / "broker")
+
+    def __enter__(self) -> Bench:
+        self.node.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.node.stop()
+
+    @contextlib.contextmanager
+    def run(self, name: str) -> Iterator[Run]:
+        vhost = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.node.management.create_vhost(vhost)
+        try:
+            yield Run(self.node.vhost_url(vhost), vhost, self.workdir / f"{vhost}.marks", self.workdir)
+        finally:
+            self.node.management.delete_vhost(vhost)
+
+
+def throughput(marks: list[dict], count: int) -> float:
+    """Handled per second between the first event's mark and the last one's."""
+    first = min(mark["time"] for mark in marks if mark["n"] == 0)
+    last = max(mark["time"] for mark in marks if mark["last"])
+    return count / (last - first)
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def legacy_python() -> str:
+    """A virtualenv with celery-amqp-events 0.1.0 from PyPI and this project's Celery, made once.
+
+    It must be a virtualenv of its own: 0.1.0 has the same import name.
+    """
+    python = LEGACY_VENV / "bin" / "python"
+    if not python.exists():
+        import celery
+
+        subprocess.run([sys.executable, "-m", "venv", str(LEGACY_VENV)], check=True)
+        subprocess.run(
+            [
+                str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                f"celery-amqp-events=={LEGACY_VERSION}", f"celery=={celery.__version__}",
+            ],
+            check=True,
+        )  # fmt: skip
+    return str(python)
+
+
+def legacy(run: Run, script: str, *args: str) -> dict:
+    """Run ``bench/apps/<script>`` with 0.1.0's interpreter; it prints one JSON object."""
+    done = subprocess.run(
+        [legacy_python(), str(APPS / script), *args],
+        env={**run.env(), "PYTHONPATH": str(APPS)},
+        cwd=APPS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{script} failed: {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))

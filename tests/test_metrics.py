@@ -1,0 +1,126 @@
+"""Prometheus metrics from producers, workers (prefork too) and the exporter, on a real broker."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import pytest
+from conftest import wait_archived
+
+from amqp_events.local_broker import free_port
+from amqp_events.metrics.exporter import Exporter
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``{'name{labels}': value}`` from a /metrics endpoint (labels sorted as exposed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            found[name] = float(value)
+    return found
+
+
+def value(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the series of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for key, number in metrics.items():
+        series, _, rest = key.partition("{")
+        have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if series == name and all(have.get(k) == v for k, v in labels.items()):
+            total += number
+    return total
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("prefork", 2)])
+def test_worker_metrics_count_outcomes_failures_durations_and_archives(
+    pool, concurrency, worker, producer, records, archive_of
+):
+    port = free_port()
+    worker("orders", pool=pool, concurrency=concurrency, env={"AMQP_EVENTS_METRICS_PORT": str(port)})
+    for n in range(4):
+        producer.fire("test.ping", [f"ok{n}"], {})
+    producer.fire("test.ping", ["flaky"], {"how": {"fail_times": 1}})
+    producer.fire("test.ping", ["doomed"], {"how": {"permanent": True}})
+    wait_archived(archive_of("orders"), 1)
+    records.wait(7)
+    handler = {"service": "orders", "handler": "services.orders.on_ping"}
+
+    def settled() -> dict[str, float]:
+        metrics = scrape(port)
+        return metrics if value(metrics, "amqp_events_handler_outcomes_total", **handler) >= 7 else {}
+
+    metrics = wait_for(settled, 20, what="all seven handler runs in the metrics")
+    assert value(metrics, "amqp_events_handler_outcomes_total", outcome="success", **handler) == 5
+    assert value(metrics, "amqp_events_handler_outcomes_total", outcome="retry_scheduled", **handler) == 1
+    assert value(metrics, "amqp_events_handler_outcomes_total", outcome="archived", **handler) == 1
+    failures = "amqp_events_handler_failures_total"
+    assert value(metrics, failures, exception="Flaky", disposition="retry", **handler) == 1
+    assert value(metrics, failures, exception="PermanentFailure", disposition="archive", **handler) == 1
+    assert value(metrics, "amqp_events_handler_duration_seconds_count", outcome="success", **handler) == 5
+    assert value(metrics, "amqp_events_handler_duration_seconds_count", outcome="archived", **handler) == 1
+    assert value(metrics, "amqp_events_handler_attempts_sum", outcome="success", **handler) == 4 + 2
+    assert value(metrics, "amqp_events_queue_wait_seconds_count", **handler) == 7
+    assert value(metrics, "amqp_events_archived_total", service="orders", reason="non_retryable") == 1
+    assert value(metrics, "amqp_events_handlers_in_progress", **handler) == 0
+    assert not any("pid=" in key or "hostname=" in key for key in metrics)
+
+
+def test_producer_metrics_count_confirmed_and_unroutable(worker, producer):
+    from prometheus_client import REGISTRY
+
+    def fired(result: str, event: str) -> float:
+        labels = {"service": "tests", "event": event, "result": result}
+        return REGISTRY.get_sample_value("amqp_events_events_fired_total", labels) or 0.0
+
+    worker("orders")
+    before = fired("confirmed", "test.ping"), fired("unroutable", "nobody.listens")
+    producer.fire("test.ping", ["x"], {})
+    producer.fire("nobody.listens", [], {})
+    with producer.batch():
+        producer.fire("test.ping", ["y"], {})
+    assert fired("confirmed", "test.ping") == before[0] + 2
+    assert fired("unroutable", "nobody.listens") == before[1] + 1
+
+
+def test_the_exporter_reports_queues_and_workers_and_notices_a_killed_one(
+    worker, producer, archive_of, rabbitmq, service_app
+):
+    process = worker("orders", env={"HEARTBEAT_INTERVAL": "0.5"})
+    producer.fire("test.ping", ["doomed"], {"how": {"permanent": True}})
+    wait_archived(archive_of("orders"), 1)
+    port = free_port()
+    exporter = Exporter(service_app("orders"), rabbitmq.management, interval=0.5, worker_timeout=2, forget_after=6)
+    server = exporter.serve("127.0.0.1", port)
+    try:
+
+        def archive_counted() -> dict[str, float]:
+            metrics = scrape(port)
+            ready = value(metrics, "amqp_events_queue_messages_ready", queue="orders.archive", kind="archive")
+            return metrics if ready == 1 and value(metrics, "amqp_events_workers_online", service="orders") == 1 else {}
+
+        metrics = wait_for(archive_counted, 30, what="the archive and the worker in the exporter's metrics")
+        assert value(metrics, "amqp_events_queue_consumers", queue="orders:test.ping", kind="main") == 1
+        assert value(metrics, "amqp_events_queue_max_length", queue="orders.archive") == 10_000
+        assert value(metrics, "amqp_events_queue_messages_ready", kind="delay") == 0
+        assert value(metrics, "amqp_events_worker_up", service="orders") == 1
+        assert value(metrics, "amqp_events_exporter_last_collection_timestamp_seconds") > 0
+
+        process.kill()  # SIGKILL: no "offline" heartbeat
+        wait_for(lambda: value(scrape(port), "amqp_events_worker_up", service="orders") == 0, 10, what="worker down")
+        assert "amqp_events_workers_online" in "".join(scrape(port))
+
+        def forgotten() -> bool:
+            metrics = scrape(port)
+            gone = not any(key.startswith("amqp_events_worker_up{") for key in metrics)
+            return gone and value(metrics, "amqp_events_workers_online", service="orders") == 0
+
+        wait_for(forgotten, 15, what="the dead worker's series dropped, the service total still present")
+    finally:
+        exporter.stop()
+        server.shutdown()
