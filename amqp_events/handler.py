@@ -11,7 +11,9 @@ Every message a handler receives ends in exactly one of three ways:
   service's archive and, once confirmed, the original is acked (``Ignore``).
 
 Messages the broker dead-lettered as rejected come back to the same queue
-and count as a failed attempt without running the handler.
+and count as a failed attempt without running the handler. A pool process
+that dies while running a message is noticed by the worker's main process,
+which calls :meth:`EventHandler.after_worker_lost` (see :mod:`amqp_events.worker`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import inspect
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -34,6 +37,7 @@ from amqp_events.message import (
     EMPTY_EMBED,
     FIRST_FAILURE_AT,
     JSON,
+    LOST_RUNS,
     Delivered,
     EventMetadata,
     Failure,
@@ -70,7 +74,37 @@ class RetryRequested(Exception):
 
 
 class WorkerLost(Exception):
-    """The message was delivered again and again without an outcome: its worker died each time."""
+    """The process running the handler died (SIGKILL, OOM, a crash) before the message was acked."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """The message a handler is running for, as its task or the worker's main process sees it."""
+
+    headers: Mapping[str, Any]
+    args: list[Any]
+    kwargs: dict[str, Any]
+    exchange: str
+    routing_key: str
+
+    @classmethod
+    def of(cls, request: Any) -> Delivery:
+        """From a task's ``self.request`` or a worker-side ``celery.worker.request.Request``."""
+        headers = getattr(request, "request_dict", None)
+        if headers is None:
+            headers = vars(request)
+        info = request.delivery_info or {}
+        return cls(
+            headers=headers,
+            args=list(request.args or ()),
+            kwargs=dict(request.kwargs or {}),
+            exchange=info.get("exchange") or "",
+            routing_key=info.get("routing_key") or "",
+        )
+
+    @property
+    def retries(self) -> int:
+        return int(self.headers.get("retries") or 0)
 
 
 class EventHandler(Task):
@@ -82,6 +116,8 @@ class EventHandler(Task):
     """
 
     app: EventsApp
+    #: Celery builds this worker-side request for every message: it counts pool processes lost.
+    Request = "amqp_events.worker:EventRequest"
     #: ``max_retries``/``backoff_base``/``backoff_max``/``jitter``/``dont_retry`` given to ``@app.handler``.
     retry_options: Mapping[str, Any] = {}
     #: For handlers of class events: the payload is turned into this class before the call.
@@ -109,30 +145,27 @@ class EventHandler(Task):
         request = self.request
         if request.called_directly:  # a plain function call, e.g. in a unit test
             return super().__call__(*args, **kwargs)
-        headers = vars(request)
-        retries = int(request.retries or 0)
-        run = request.metrics_run = HandlerRun(
-            self.app.service, self.handler_name, retries + 1, queue_wait(headers), self.exception_labels
-        )
+        delivery = Delivery.of(request)
+        run = request.metrics_run = self._metrics_run(delivery)
         with run:
-            deliveries = earlier_deliveries(headers)
-            if deliveries >= self.app.events_settings.max_deliveries:
-                lost = WorkerLost(f"delivered {deliveries} times before without an ack: the worker running it died")
-                raise self._give_up(Reason.WORKER_LOST, lost, attempts=retries + deliveries)
-            if was_rejected(headers, self.queue_name):
-                raise self._after_failure(Rejected("the message was rejected without requeue"))
+            returns = earlier_deliveries(delivery.headers)
+            if returns >= self.app.events_settings.max_redeliveries:
+                lost = WorkerLost(f"returned to its queue {returns} times without an outcome")
+                raise self._give_up(delivery, Reason.WORKER_LOST, lost, delivery.retries + 1, run)
+            if was_rejected(delivery.headers, self.queue_name):
+                raise self._after_failure(delivery, Rejected("the message was rejected without requeue"), run)
             try:
                 args, kwargs = self._fit_arguments(args, kwargs)
             except BadArguments as exc:
-                raise self._give_up(Reason.BAD_ARGUMENTS, exc, attempts=retries) from None
+                raise self._give_up(delivery, Reason.BAD_ARGUMENTS, exc, delivery.retries, run) from None
             try:
                 result = self.run(*args, **kwargs)
             except (Retry, Ignore, Reject):
                 raise
             except Exception as exc:
-                raise self._after_failure(exc) from exc
+                raise self._after_failure(delivery, exc, run) from exc
             run.finish("success")
-            self._log("handled", seconds=f"{time.monotonic() - run.started:.3f}")
+            self._log(delivery, "handled", seconds=f"{time.monotonic() - run.started:.3f}")
             return result
 
     def retry(
@@ -153,74 +186,101 @@ class EventHandler(Task):
         """
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
+        delivery = Delivery.of(self.request)
+        if args is not None or kwargs is not None:
+            delivery = Delivery(
+                delivery.headers,
+                list(delivery.args if args is None else args),
+                dict(delivery.kwargs if kwargs is None else kwargs),
+                delivery.exchange,
+                delivery.routing_key,
+            )
+        run = self.request.get("metrics_run") or self._metrics_run(delivery)
         error = exc or RetryRequested("the handler asked to be retried")
-        outcome = self._after_failure(error, countdown=countdown, max_retries=max_retries, args=args, kwargs=kwargs)
+        outcome = self._after_failure(delivery, error, run, countdown=countdown, max_retries=max_retries)
         if throw:
             raise outcome
         return outcome
+
+    def after_worker_lost(self, delivery: Delivery) -> None:
+        """The pool process running ``delivery`` died: run it again, or archive it after too many losses.
+
+        Called by the worker's main process, which knows exactly which message
+        its lost child was running; the copy (or the archived copy) is
+        confirmed before the original is acked.
+        """
+        lost = int(delivery.headers.get(LOST_RUNS) or 0) + 1
+        run = self._metrics_run(delivery)
+        error = WorkerLost(f"the process running the handler died ({lost} time(s) so far)")
+        if lost >= self.app.events_settings.max_deliveries:
+            self._give_up(delivery, Reason.WORKER_LOST, error, delivery.retries + lost, run)
+            return
+        headers = {**copy_headers(delivery.headers, delivery.retries), LOST_RUNS: lost}
+        self._publish_copy(delivery, headers, delay=0)
+        run.finish("retry_scheduled", error, "retry")
+        self._log(delivery, "redelivering", error=_describe(error))
 
     # -- outcomes: each publishes a copy, then returns the exception that makes Celery ack
 
     def _after_failure(
         self,
+        delivery: Delivery,
         exc: BaseException,
+        run: HandlerRun,
         countdown: float | None = None,
         max_retries: int | None = None,
-        args: Any = None,
-        kwargs: Any = None,
     ) -> Retry | Ignore:
-        request = self.request
-        retries = int(request.retries or 0)
+        retries = delivery.retries
         decision = self.retry_policy.decide(exc, retries, countdown=countdown, max_retries=max_retries)
         if isinstance(decision, GiveUp):
-            return self._give_up(decision.reason, exc, attempts=retries + 1)
-        headers = vars(request)
-        first_failure_at = parse_time(headers.get(FIRST_FAILURE_AT)) or utcnow()
-        copy = copy_headers(headers, retries + 1, **{FIRST_FAILURE_AT: isoformat(first_failure_at)})
-        body = [
-            list(request.args or () if args is None else args),
-            dict(request.kwargs or {} if kwargs is None else kwargs),
-        ]
-        if decision.delay:
-            exchange = delays.entry_exchange()
-            routing_key = delays.routing_key(decision.delay, delays.queue_destination(self.queue_name))
-            copy[DUE_AT] = isoformat(utcnow() + timedelta(seconds=decision.delay))
-        else:
-            exchange, routing_key = "", self.queue_name
-        self.app.publish_routed(OutgoingMessage(exchange, routing_key, copy, [*body, EMPTY_EMBED], str(request.id)))
-        self._metrics(request).finish("retry_scheduled", exc, "retry")
-        self._log("retrying", delay=decision.delay, error=_describe(exc))
+            return self._give_up(delivery, decision.reason, exc, retries + 1, run)
+        first_failure_at = parse_time(delivery.headers.get(FIRST_FAILURE_AT)) or utcnow()
+        headers = copy_headers(delivery.headers, retries + 1, **{FIRST_FAILURE_AT: isoformat(first_failure_at)})
+        self._publish_copy(delivery, headers, decision.delay)
+        run.finish("retry_scheduled", exc, "retry")
+        self._log(delivery, "retrying", delay=decision.delay, error=_describe(exc))
         return Retry(exc=exc if isinstance(exc, Exception) else None, when=float(decision.delay))
 
-    def _give_up(self, reason: str, exc: BaseException, attempts: int) -> Ignore:
-        request = self.request
-        headers = vars(request)
+    def _publish_copy(self, delivery: Delivery, headers: dict[str, Any], delay: int) -> None:
+        """Send a copy of ``delivery`` back to this service's queue alone, after ``delay`` seconds."""
+        if delay:
+            exchange = delays.entry_exchange()
+            routing_key = delays.routing_key(delay, delays.queue_destination(self.queue_name))
+            headers[DUE_AT] = isoformat(utcnow() + timedelta(seconds=delay))
+        else:
+            exchange, routing_key = "", self.queue_name
+        body = [delivery.args, delivery.kwargs, EMPTY_EMBED]
+        self.app.publish_routed(OutgoingMessage(exchange, routing_key, headers, body, str(delivery.headers["id"])))
+
+    def _give_up(self, delivery: Delivery, reason: str, exc: BaseException, attempts: int, run: HandlerRun) -> Ignore:
         failure = Failure.from_exception(
-            reason, exc, attempts=attempts, first_failure_at=parse_time(headers.get(FIRST_FAILURE_AT))
+            reason, exc, attempts=attempts, first_failure_at=parse_time(delivery.headers.get(FIRST_FAILURE_AT))
         )
-        delivery_info = request.delivery_info or {}
         delivered = Delivered(
-            headers=copy_headers(headers, int(request.retries or 0)),
-            body=json_body([list(request.args or ()), dict(request.kwargs or {}), EMPTY_EMBED]),
+            headers=copy_headers(delivery.headers, delivery.retries),
+            body=json_body([delivery.args, delivery.kwargs, EMPTY_EMBED]),
             content_type=JSON,
             content_encoding="utf-8",
-            exchange=delivery_info.get("exchange") or "",
-            routing_key=delivery_info.get("routing_key") or self.name,
+            exchange=delivery.exchange,
+            routing_key=delivery.routing_key or self.name,
             queue=self.queue_name,
         )
         self.app.publish_routed(archived_message(delivered, failure, self.app.service, self.handler_name))
-        self._metrics(request).finish("archived", exc, "archive")
+        run.finish("archived", exc, "archive")
         record_archived(self.app.service, self.name, reason)
-        self._log("archived", reason=reason, error=_describe(exc), level=logging.WARNING)
+        self._log(delivery, "archived", reason=reason, error=_describe(exc), level=logging.WARNING)
         return Ignore()
 
     # -- helpers ----------------------------------------------------------
 
-    def _metrics(self, request: Any) -> HandlerRun:
-        run = request.get("metrics_run")
-        if run is None:  # self.retry() called outside a worker run
-            run = HandlerRun(self.app.service, self.handler_name, 1, None, self.exception_labels)
-        return run
+    def _metrics_run(self, delivery: Delivery) -> HandlerRun:
+        return HandlerRun(
+            self.app.service,
+            self.handler_name,
+            delivery.retries + 1,
+            queue_wait(delivery.headers),
+            self.exception_labels,
+        )
 
     def _fit_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.event_class is not None:
@@ -234,8 +294,8 @@ class EventHandler(Task):
             raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
         return args, kwargs
 
-    def _log(self, what: str, level: int = logging.INFO, **fields: Any) -> None:
-        event = EventMetadata.from_headers(vars(self.request))
+    def _log(self, delivery: Delivery, what: str, level: int = logging.INFO, **fields: Any) -> None:
+        event = EventMetadata.from_headers(delivery.headers)
         log_event(
             what,
             event=event.name,

@@ -9,6 +9,7 @@ runs it: the ``task`` header is the event name, ``id`` is the event id and
 ``fired_by``         the service that fired it
 ``first_failure_at`` ISO-8601 UTC time its handler first failed (retries only)
 ``due_at``           ISO-8601 UTC time a delayed copy's wait ends (delayed only)
+``lost_runs``        how many times the process running it died (redelivered copies)
 ==================== ========================================================
 
 Archived messages carry the ``archive_*`` headers of :data:`ARCHIVE_HEADERS`.
@@ -32,6 +33,7 @@ FIRED_AT = "fired_at"
 FIRED_BY = "fired_by"
 FIRST_FAILURE_AT = "first_failure_at"
 DUE_AT = "due_at"
+LOST_RUNS = "lost_runs"
 #: Envelope headers a retried or replayed copy keeps from the original.
 CARRIED_HEADERS = ("task", "id", "root_id", "parent_id", "group", "origin", FIRED_AT, FIRED_BY)
 

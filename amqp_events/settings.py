@@ -56,8 +56,12 @@ class Settings:
     backoff_max: float = 3600.0
     #: Randomise each backoff delay between half and all of its value.
     backoff_jitter: bool = False
-    #: Deliveries without an outcome (the worker died) before a message is archived as ``worker_lost``.
+    #: Times the pool process running a message may die (SIGKILL, OOM) before it is archived as
+    #: ``worker_lost``; counted exactly by the worker's main process.
     max_deliveries: int = 3
+    #: Times the broker may get a message back without an outcome (the whole worker died or stopped
+    #: holding it, prefetched or running) before it is archived as ``worker_lost``.
+    max_redeliveries: int = 10
     #: Archive message TTL in milliseconds; 0 keeps messages until replayed or purged.
     archive_ttl_ms: int = 7 * 24 * 3600 * 1000
     #: Archive length bound; 0 means unbounded. The oldest messages go first.
@@ -80,8 +84,8 @@ class Settings:
             problems.append(f"need 0 < backoff_base <= backoff_max, got {self.backoff_base} and {self.backoff_max}")
         if self.backoff_max > MAX_DELAY:
             problems.append(f"backoff_max must be at most {MAX_DELAY} s")
-        if self.max_deliveries < 1:
-            problems.append(f"max_deliveries must be >= 1, not {self.max_deliveries}")
+        if self.max_deliveries < 1 or self.max_redeliveries < 1:
+            problems.append("max_deliveries and max_redeliveries must be >= 1")
         if self.archive_ttl_ms < 0 or self.archive_max_length < 0:
             problems.append("archive limits must be >= 0 (0 means unbounded)")
         if self.publish_timeout <= 0:

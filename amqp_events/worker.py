@@ -23,16 +23,21 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import WorkerLostError
 from celery import signals
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.exceptions import InvalidTaskError
 from celery.worker.consumer import Consumer
+from celery.worker.request import Request
+from celery.worker.state import task_ready
 from kombu.exceptions import ContentDisallowed
 from kombu.message import Message
 from vine import promise
 
 from amqp_events import delays
 from amqp_events.declare import TopologyMismatch, declare_topology
+from amqp_events.handler import Delivery, EventHandler
 from amqp_events.message import Delivered, Failure, Reason, archived_message
 from amqp_events.metrics import record_archived
 from amqp_events.topology import InvalidName, event_queue_name
@@ -194,3 +199,33 @@ def _is_task_body(body: Any) -> bool:
         and isinstance(body[1], dict)
         and (body[2] is None or isinstance(body[2], dict))
     )
+
+
+class EventRequest(Request):
+    """Celery's worker-side request for a handler's message, counting pool processes lost exactly.
+
+    When the pool process running a message dies, Celery requeues the
+    message (``task_reject_on_worker_lost``); the broker would then count
+    every return alike, also those of messages a dying worker had only
+    prefetched. The main process knows which message its lost child was
+    running, so it handles that one: run again, or archive after
+    ``amqp_events_max_deliveries`` losses, then ack.
+    """
+
+    task: EventHandler
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if not (isinstance(exc, WorkerLostError) and self.task.acks_late):
+            return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        task_ready(self)
+        try:
+            self.task.after_worker_lost(Delivery.of(self))
+        except Exception:
+            logger.exception("could not handle the loss of the process running %s; requeueing it", self.id)
+            self.reject(requeue=True)
+            return None
+        self.acknowledge()
+        return None

@@ -23,12 +23,26 @@ def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(wo
 
 
 def test_a_solo_worker_killed_by_its_handler_and_restarted_ends_the_loop_too(worker, producer, records, archive_of):
-    worker("orders").stop()  # declares the queues
+    """No main process survives a solo worker: the broker's count of returns ends the loop."""
+    env = {"MAX_REDELIVERIES": "3"}
+    worker("orders", env=env).stop()  # declares the queues
     event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
     for crash in range(3):
-        process = worker("orders", ready=False)
+        process = worker("orders", ready=False, env=env)
         assert process.wait(30) is not None, "the handler should have killed its worker"
         assert len(records.all(id=event_id)) == crash + 1
-    worker("orders")
+    worker("orders", env=env)
     [archived] = wait_archived(archive_of("orders"), 1)
     assert archived.id == event_id and archived.reason == Reason.WORKER_LOST
+
+
+def test_killed_children_cost_only_the_message_they_ran(worker, producer, records, archive_of):
+    """Prefetched messages of a prefork worker are not counted when a child dies running another one."""
+    worker("orders", pool="prefork", concurrency=2)
+    poison = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
+    ids = [producer.fire("test.ping", [f"ok{n}"], {"how": {"sleep": 0.05}}) for n in range(40)]
+    [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
+    assert archived.id == poison
+    for event_id in ids:
+        records.wait(1, id=event_id)
+    assert archive_of("orders").count() == 1
