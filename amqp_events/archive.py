@@ -93,7 +93,7 @@ class ArchivedMessage:
             return None
         try:
             return json_loads(self.body.decode(self.content_encoding or "utf-8"))
-        except (ValueError, UnicodeDecodeError, LookupError):
+        except (ValueError, LookupError, RecursionError):  # not JSON, unknown encoding, absurdly nested
             return None
 
     def summary(self) -> dict[str, Any]:

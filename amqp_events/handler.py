@@ -35,6 +35,7 @@ from amqp_events.logs import log_event
 from amqp_events.message import (
     DUE_AT,
     EMPTY_EMBED,
+    ENVELOPE,
     FIRST_FAILURE_AT,
     JSON,
     LOST_RUNS,
@@ -90,9 +91,13 @@ class Delivery:
     @classmethod
     def of(cls, request: Any) -> Delivery:
         """From a task's ``self.request`` or a worker-side ``celery.worker.request.Request``."""
-        headers = getattr(request, "request_dict", None)
-        if headers is None:
-            headers = vars(request)
+        message = getattr(request, "message", None)
+        if message is not None:  # the worker's main process has the message itself
+            headers = dict(message.headers or {})
+        else:  # a task's context: Celery's envelope fields plus the message's other headers
+            fields = vars(request)
+            headers = {key: fields[key] for key in ENVELOPE if fields.get(key) is not None}
+            headers.update(request.headers or {})
         info = request.delivery_info or {}
         return cls(
             headers=headers,

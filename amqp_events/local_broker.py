@@ -67,9 +67,11 @@ class LocalBroker:
     >>> broker.stop()            # doctest: +SKIP
     """
 
-    def __init__(self, directory: Path | str, port: int | None = None) -> None:
+    def __init__(self, directory: Path | str, port: int | None = None, config: dict[str, str] | None = None) -> None:
         self.directory = Path(directory).absolute()
         self.requested_port = port
+        #: Extra ``rabbitmq.conf`` settings, e.g. ``{"max_message_size": "4194304"}``.
+        self.config = dict(config or {})
         self.state: NodeState | None = self._load_state()
 
     # -- public API -------------------------------------------------------
@@ -209,6 +211,7 @@ class LocalBroker:
                     "prometheus.tcp.ip = 127.0.0.1",
                     "log.file.level = info",
                     "log.console = false",
+                    *(f"{key} = {value}" for key, value in self.config.items()),
                     "",
                 ]
             )

@@ -34,8 +34,8 @@ FIRED_BY = "fired_by"
 FIRST_FAILURE_AT = "first_failure_at"
 DUE_AT = "due_at"
 LOST_RUNS = "lost_runs"
-#: Envelope headers a retried or replayed copy keeps from the original.
-CARRIED_HEADERS = ("task", "id", "root_id", "parent_id", "group", "origin", FIRED_AT, FIRED_BY)
+#: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).
+ENVELOPE = ("task", "id", "root_id", "parent_id", "group", "origin", "lang", "retries")
 
 #: Headers RabbitMQ adds on dead-lettering and redelivery.
 X_DEATH = "x-death"
@@ -100,11 +100,16 @@ def json_body(body: Any) -> bytes:
 
 
 def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dict[str, Any]:
-    """Envelope headers for a new copy of ``original``: retry count set, broker history dropped."""
-    headers = {key: original[key] for key in CARRIED_HEADERS if key in original}
+    """Headers for a new copy of ``original`` (a retry, a replay): the event's own and the
+    application's headers are kept; the broker's history, archive records and per-copy timing are not."""
+    headers = {key: value for key, value in original.items() if not _one_copy_only(key)}
     headers["retries"] = retries
     headers.update({key: value for key, value in extra.items() if value is not None})
     return headers
+
+
+def _one_copy_only(key: str) -> bool:
+    return key.startswith("x-") or key in ARCHIVE_HEADERS or key in (DUE_AT, LOST_RUNS)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,34 @@
+"""``python -m faults [--events N] [--duration S]``: one fault-injection run, its audit as a Markdown table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from faults.scenario import run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=10_000, help="events to fire (default 10,000)")
+    parser.add_argument("--duration", type=float, help="seconds to fire them over (default: events / 60)")
+    parser.add_argument("--seed", type=int, default=7)
+    options = parser.parse_args()
+    duration = options.duration or options.events / 60
+    with tempfile.TemporaryDirectory(prefix="amqp-events-faults-") as workdir:
+        report = run(options.events, Path(workdir), duration, options.seed)
+    print("| | |\n|---|---|")
+    print(report.table())
+    if report.lost:
+        print(f"\nlost: {report.lost[:20]}")
+    if report.archive_missing or report.archive_unexpected:
+        print(f"\nmissing from the archive: {report.archive_missing[:20]}")
+        print(f"archived unexpectedly: {report.archive_unexpected[:20]}")
+    print("\nPASS" if report.ok else "\nFAIL")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
