@@ -197,21 +197,49 @@ def topology_check(context: Context) -> None:
 # -- archive -----------------------------------------------------------------
 
 
-def selection_options(command: F) -> F:
-    for option in reversed(
-        [
+SERVICE_OPTION = click.option("--service", help="Another service's archive (default: the app's).")
+
+
+def archive_of(service: str | None) -> Archive:
+    context = click.get_current_context().find_object(Context)
+    assert context is not None
+    return Archive(context.app, service)
+
+
+def choosing(verb: str | None = None) -> Callable[[F], F]:
+    """Options that choose archived messages; the command receives ``store`` and ``selection``.
+
+    ``verb`` ("Replay", "Purge") also offers ``--id`` to name messages one by one.
+    """
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def with_selection(
+            *args: Any,
+            event: str | None,
+            reason: str | None,
+            limit: int | None,
+            service: str | None,
+            ids: Sequence[str] = (),
+            **kwargs: Any,
+        ) -> Any:
+            selection = Selection.of(ids=ids, event=event, reason=reason, limit=limit)
+            return command(*args, store=archive_of(service), selection=selection, **kwargs)
+
+        options = [
             click.option("--event", help="Only messages of this event."),
             click.option("--reason", help="Only messages archived for this reason (e.g. max_retries)."),
             click.option("--limit", type=click.IntRange(min=1), help="At most this many messages."),
-            click.option("--service", help="Another service's archive (default: the app's)."),
+            SERVICE_OPTION,
         ]
-    ):
-        command = option(command)
-    return command
+        if verb:
+            options.insert(0, click.option("--id", "ids", multiple=True, help=f"{verb} this message (repeatable)."))
+        decorated: Any = with_selection
+        for option in reversed(options):
+            decorated = option(decorated)
+        return decorated
 
-
-def _archive(context: Context, service: str | None) -> Archive:
-    return Archive(context.app, service)
+    return decorate
 
 
 @main.group()
@@ -220,15 +248,12 @@ def archive() -> None:
 
 
 @archive.command("list")
-@selection_options
+@choosing()
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@pass_context
 @one_line_errors
-def archive_list(
-    context: Context, event: str | None, reason: str | None, limit: int | None, service: str | None, as_json: bool
-) -> None:
+def archive_list(store: Archive, selection: Selection, as_json: bool) -> None:
     """One row per archived message (nothing is consumed)."""
-    entries = _archive(context, service).list(Selection.of(event=event, reason=reason, limit=limit))
+    entries = store.list(selection)
     if as_json:
         click.echo(json.dumps([entry.summary() for entry in entries], indent=2))
         return
@@ -251,13 +276,12 @@ def archive_list(
 
 @archive.command("show")
 @click.argument("message_id")
-@click.option("--service", help="Another service's archive (default: the app's).")
+@SERVICE_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@pass_context
 @one_line_errors
-def archive_show(context: Context, message_id: str, service: str | None, as_json: bool) -> None:
+def archive_show(message_id: str, service: str | None, as_json: bool) -> None:
     """Everything about one archived message, payload and traceback included."""
-    entry = _archive(context, service).get(message_id)
+    entry = archive_of(service).get(message_id)
     if entry is None:
         raise click.ClickException(f"no archived message with id {message_id!r}")
     if as_json:
@@ -275,28 +299,15 @@ def archive_show(context: Context, message_id: str, service: str | None, as_json
 
 
 @archive.command("replay")
-@click.option("--id", "ids", multiple=True, help="Replay this message (repeatable).")
-@selection_options
+@choosing("Replay")
 @click.option("--dry-run", is_flag=True, help="Only show what would be replayed.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@pass_context
 @one_line_errors
-def archive_replay(
-    context: Context,
-    ids: Sequence[str],
-    event: str | None,
-    reason: str | None,
-    limit: int | None,
-    service: str | None,
-    dry_run: bool,
-    yes: bool,
-) -> None:
+def archive_replay(store: Archive, selection: Selection, dry_run: bool, yes: bool) -> None:
     """Send archived messages back to their queue with the attempt count reset.
 
     Each archived copy is removed only after the broker confirmed its replacement.
     """
-    store = _archive(context, service)
-    selection = Selection.of(ids=ids, event=event, reason=reason, limit=limit)
     chosen = store.list(selection)
     if dry_run or not chosen:
         for entry in chosen:
@@ -315,23 +326,11 @@ def archive_replay(
 
 
 @archive.command("purge")
-@click.option("--id", "ids", multiple=True, help="Purge this message (repeatable).")
-@selection_options
+@choosing("Purge")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-@pass_context
 @one_line_errors
-def archive_purge(
-    context: Context,
-    ids: Sequence[str],
-    event: str | None,
-    reason: str | None,
-    limit: int | None,
-    service: str | None,
-    yes: bool,
-) -> None:
+def archive_purge(store: Archive, selection: Selection, yes: bool) -> None:
     """Delete archived messages for good."""
-    store = _archive(context, service)
-    selection = Selection.of(ids=ids, event=event, reason=reason, limit=limit)
     count = len(store.list(selection))
     if not count:
         click.echo("nothing to purge")
@@ -342,25 +341,20 @@ def archive_purge(
 
 @archive.command("export")
 @click.argument("file", type=click.File("w"))
-@selection_options
-@pass_context
+@choosing()
 @one_line_errors
-def archive_export(
-    context: Context, file: Any, event: str | None, reason: str | None, limit: int | None, service: str | None
-) -> None:
+def archive_export(file: Any, store: Archive, selection: Selection) -> None:
     """Write archived messages to FILE as JSON lines (they stay in the archive)."""
-    count = _archive(context, service).export(file, Selection.of(event=event, reason=reason, limit=limit))
-    click.echo(f"exported {count} message(s)", err=True)
+    click.echo(f"exported {store.export(file, selection)} message(s)", err=True)
 
 
 @archive.command("import")
 @click.argument("file", type=click.File("r"))
-@click.option("--service", help="Another service's archive (default: the app's).")
-@pass_context
+@SERVICE_OPTION
 @one_line_errors
-def archive_import(context: Context, file: Any, service: str | None) -> None:
+def archive_import(file: Any, service: str | None) -> None:
     """Put messages written by `archive export` back into the archive."""
-    click.echo(f"imported {_archive(context, service).load(file)} message(s)")
+    click.echo(f"imported {archive_of(service).load(file)} message(s)")
 
 
 def _confirm(question: str, yes: bool) -> None:
