@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry
 
-from amqp_events import delays
+from amqp_events import delays, logs
 from amqp_events.logs import log_event
 from amqp_events.message import (
     DUE_AT,
@@ -54,7 +55,7 @@ from amqp_events.message import (
     utcnow,
     was_rejected,
 )
-from amqp_events.metrics import ExceptionLabels, HandlerRun, record_archived
+from amqp_events.metrics import HandlerMetrics, HandlerRun, record_archived
 from amqp_events.retry import GiveUp, RetryPolicy
 from amqp_events.topology import event_queue_name
 
@@ -135,8 +136,16 @@ class EventHandler(Task):
         return RetryPolicy.from_settings(self.app.events_settings, **self.retry_options)
 
     @cached_property
-    def exception_labels(self) -> ExceptionLabels:
-        return ExceptionLabels(self.app.events_settings.metrics_exception_labels)
+    def metrics(self) -> HandlerMetrics:
+        settings = self.app.events_settings
+        # Recorded when served: by the worker's own endpoint, or by the application in multiprocess mode.
+        served = bool(settings.metrics_port) or "PROMETHEUS_MULTIPROC_DIR" in os.environ
+        return HandlerMetrics(self.app.service, self.handler_name, settings.metrics_exception_labels, served)
+
+    @cached_property
+    def _fitting_shapes(self) -> set[tuple[int, frozenset[str]]]:
+        """Argument shapes (how many positional, which keywords) already seen to fit the signature."""
+        return set()
 
     @cached_property
     def queue_name(self) -> str:
@@ -170,7 +179,8 @@ class EventHandler(Task):
             except Exception as exc:
                 raise self._after_failure(delivery, exc, run) from exc
             run.finish("success")
-            self._log(delivery, "handled", seconds=f"{time.monotonic() - run.started:.3f}")
+            # Debug: Celery logs every success at info level already.
+            self._log(delivery, "handled", level=logging.DEBUG, seconds=f"{time.monotonic() - run.started:.3f}")
             return result
 
     def retry(
@@ -279,13 +289,7 @@ class EventHandler(Task):
     # -- helpers ----------------------------------------------------------
 
     def _metrics_run(self, delivery: Delivery) -> HandlerRun:
-        return HandlerRun(
-            self.app.service,
-            self.handler_name,
-            delivery.retries + 1,
-            queue_wait(delivery.headers),
-            self.exception_labels,
-        )
+        return HandlerRun(self.metrics, delivery.retries + 1, queue_wait(delivery.headers))
 
     def _fit_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.event_class is not None:
@@ -293,13 +297,18 @@ class EventHandler(Task):
                 return (self.event_class(*args, **kwargs),), {}
             except Exception as exc:
                 raise BadArguments(f"cannot build {self.event_class.__name__} from the payload: {exc}") from exc
-        try:
-            self._signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
+        shape = (len(args), frozenset(kwargs))
+        if shape not in self._fitting_shapes:  # whether arguments bind depends on their shape only
+            try:
+                self._signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
+            self._fitting_shapes.add(shape)
         return args, kwargs
 
     def _log(self, delivery: Delivery, what: str, level: int = logging.INFO, **fields: Any) -> None:
+        if not logs.logger.isEnabledFor(level):
+            return
         event = EventMetadata.from_headers(delivery.headers)
         log_event(
             what,

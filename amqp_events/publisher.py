@@ -23,6 +23,23 @@ class PublishError(RuntimeError):
     """The broker could not be reached, or did not confirm a message, in time."""
 
 
+def send(producer: Producer, message: OutgoingMessage, **options: Any) -> None:
+    """Publish ``message``: persistent, mandatory, its body JSON-encoded unless it is already bytes."""
+    producer.publish(
+        message.body,
+        exchange=message.exchange,
+        routing_key=message.routing_key,
+        headers=message.headers,
+        serializer=None if message.content_type else "json",
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        delivery_mode=PERSISTENT,
+        mandatory=True,
+        message_id=message.message_id,
+        **options,
+    )
+
+
 class Publisher:
     """Publishes :class:`OutgoingMessage` objects with a broker confirm each.
 
@@ -53,6 +70,11 @@ class Publisher:
         producer = self._producer()
         connection = producer.connection
         deadline = time.monotonic() + self.timeout
+        if connection.connected:  # the usual case, without building kombu's retry wrapper each time
+            try:
+                return self._publish_once(producer, message, deadline)
+            except connection.recoverable_connection_errors + connection.recoverable_channel_errors:
+                pass  # publish again below, reconnecting, until the deadline (a duplicate at worst)
 
         def give_up_after_deadline(exc: BaseException, interval: float) -> None:
             if time.monotonic() + interval >= deadline:
@@ -96,19 +118,7 @@ class Publisher:
             for exchange in self.declare:
                 exchange.declare(channel=channel)
             self._declared_on.add(channel)
-        producer.publish(
-            message.body,
-            exchange=message.exchange,
-            routing_key=message.routing_key,
-            headers=message.headers,
-            serializer=None if message.content_type else "json",
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=PERSISTENT,
-            mandatory=True,
-            message_id=message.message_id,
-            confirm_timeout=max(0.1, deadline - time.monotonic()),
-        )
+        send(producer, message, confirm_timeout=max(0.1, deadline - time.monotonic()))
         if message.message_id in returned:
             returned.discard(message.message_id)
             return False
@@ -160,18 +170,7 @@ class ConfirmedBatch:
     def publish(self, message: OutgoingMessage) -> None:
         """Send ``message`` without waiting for its confirm (at most ``window`` are in flight)."""
         try:
-            self.producer.publish(
-                message.body,
-                exchange=message.exchange,
-                routing_key=message.routing_key,
-                headers=message.headers,
-                serializer=None if message.content_type else "json",
-                content_type=message.content_type,
-                content_encoding=message.content_encoding,
-                delivery_mode=PERSISTENT,
-                mandatory=True,
-                message_id=message.message_id,
-            )
+            send(self.producer, message)
         except self.connection.connection_errors as exc:
             raise self._interrupted(exc) from exc
         self._unconfirmed[self._next_tag] = message.message_id

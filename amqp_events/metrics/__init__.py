@@ -96,7 +96,12 @@ def instruments() -> dict[str, Any]:
 
 def record_fired(service: str, event: str, result: str) -> None:
     if AVAILABLE:
-        instruments()["fired"].labels(service, event, result).inc()
+        _fired(service, event, result).inc()
+
+
+@cache
+def _fired(service: str, event: str, result: str) -> Any:
+    return instruments()["fired"].labels(service, event, result)
 
 
 def record_archived(service: str, event: str, reason: str) -> None:
@@ -104,41 +109,64 @@ def record_archived(service: str, event: str, reason: str) -> None:
         instruments()["archived"].labels(service, event, reason).inc()
 
 
+class HandlerMetrics:
+    """One handler's instruments, with their label values bound once (a lookup per message costs).
+
+    Create it in the process that records (a pool child): ``EventHandler`` does so on first use.
+    Nothing is recorded unless something serves the metrics: ``enabled`` is False then.
+    """
+
+    def __init__(self, service: str, handler: str, exception_limit: int, enabled: bool) -> None:
+        self.exception_labels = ExceptionLabels(exception_limit)
+        self.enabled = enabled and AVAILABLE
+        if not self.enabled:
+            return
+        metrics, labels = instruments(), (service, handler)
+        self.in_progress = metrics["in_progress"].labels(*labels)
+        self.queue_wait = metrics["queue_wait"].labels(*labels)
+        self.outcomes = {outcome: metrics["outcomes"].labels(*labels, outcome) for outcome in OUTCOMES}
+        self.duration = {outcome: metrics["duration"].labels(*labels, outcome) for outcome in OUTCOMES}
+        self.attempts = {outcome: metrics["attempts"].labels(*labels, outcome) for outcome in FINAL_OUTCOMES}
+        self._failures = metrics["failures"]
+        self._labels = labels
+
+    def failed(self, exception: BaseException, disposition: str) -> None:
+        self._failures.labels(*self._labels, self.exception_labels.label(exception), disposition).inc()
+
+
+OUTCOMES = ("success", "retry_scheduled", "archived")
+FINAL_OUTCOMES = ("success", "archived")
+
+
 class HandlerRun:
     """Metrics of one handler run: ``with HandlerRun(...) as run: ...; run.finish(outcome, ...)``."""
 
-    __slots__ = ("attempt", "exception_labels", "handler", "service", "started", "wait")
+    __slots__ = ("attempt", "metrics", "started", "wait")
 
-    def __init__(
-        self, service: str, handler: str, attempt: int, wait: float | None, exception_labels: ExceptionLabels
-    ) -> None:
-        self.service, self.handler, self.attempt, self.wait = service, handler, attempt, wait
-        self.exception_labels = exception_labels
+    def __init__(self, metrics: HandlerMetrics, attempt: int, wait: float | None) -> None:
+        self.metrics, self.attempt, self.wait = metrics, attempt, wait
         self.started = 0.0
 
     def __enter__(self) -> HandlerRun:
         self.started = time.monotonic()
-        if AVAILABLE:
-            metrics = instruments()
-            metrics["in_progress"].labels(self.service, self.handler).inc()
+        if self.metrics.enabled:
+            self.metrics.in_progress.inc()
             if self.wait is not None:
-                metrics["queue_wait"].labels(self.service, self.handler).observe(max(0.0, self.wait))
+                self.metrics.queue_wait.observe(max(0.0, self.wait))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if AVAILABLE:
-            instruments()["in_progress"].labels(self.service, self.handler).dec()
+        if self.metrics.enabled:
+            self.metrics.in_progress.dec()
 
     def finish(self, outcome: str, exception: BaseException | None = None, disposition: str = "") -> None:
         """``outcome``: success, retry_scheduled or archived; a failure's exception and disposition."""
-        if not AVAILABLE:
+        metrics = self.metrics
+        if not metrics.enabled:
             return
-        metrics = instruments()
-        labels = (self.service, self.handler)
-        metrics["outcomes"].labels(*labels, outcome).inc()
-        metrics["duration"].labels(*labels, outcome).observe(time.monotonic() - self.started)
+        metrics.outcomes[outcome].inc()
+        metrics.duration[outcome].observe(time.monotonic() - self.started)
         if exception is not None:
-            exception_label = self.exception_labels.label(exception)
-            metrics["failures"].labels(*labels, exception_label, disposition).inc()
-        if outcome != "retry_scheduled":
-            metrics["attempts"].labels(*labels, outcome).observe(self.attempt)
+            metrics.failed(exception, disposition)
+        if outcome in FINAL_OUTCOMES:
+            metrics.attempts[outcome].observe(self.attempt)
