@@ -289,7 +289,8 @@ class EventHandler(Task):
     # -- helpers ----------------------------------------------------------
 
     def _metrics_run(self, delivery: Delivery) -> HandlerRun:
-        return HandlerRun(self.metrics, delivery.retries + 1, queue_wait(delivery.headers))
+        wait = queue_wait(delivery.headers) if self.metrics.enabled else None
+        return HandlerRun(self.metrics, delivery.retries + 1, wait)
 
     def _fit_arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         if self.event_class is not None:

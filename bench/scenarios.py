@@ -146,7 +146,9 @@ def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int) -
                     app.fire("bench.noop", [n], {"last": n == size.drain - 1})
             app.close()
             queue, python = "bench:bench.noop", sys.executable
-        elif library == "plain":
+        elif library in ("plain", "plain-quorum"):
+            # plain-quorum: the same plain Celery on a quorum queue, to show what the queue type costs
+            os.environ["PLAIN_QUEUE_TYPE"] = "quorum" if library == "plain-quorum" else "classic"
             os.environ["BROKER_URL"] = run.url
             import plain
 
@@ -164,26 +166,27 @@ def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int) -
             legacy(run, "legacy_fire.py", str(size.drain), "--last")
             queue = "legacy.bench.noop"
         run.wait_depth(queue, size.drain)
-        with run.worker(library, pool=pool, concurrency=concurrency, python=python):
+        with run.worker(library.split("-")[0], pool=pool, concurrency=concurrency, python=python):
             marks = run.wait_marks(lambda marks: any(mark["last"] for mark in marks))
         return throughput(marks, size.drain)
 
 
 def end_to_end(bench: Bench, size: Size, pool: str, concurrency: int) -> Result:
-    rates: dict[str, list[float]] = {"ours": [], "plain": [], "legacy": []}
+    rates: dict[str, list[float]] = {"ours": [], "plain": [], "legacy": [], "plain-quorum": []}
     for _ in range(size.repeats):
         for library in rates:
             rates[library].append(drain(bench, size, library, pool, concurrency))
-    ours, plain, legacy_rate = (median(rates[name]) for name in ("ours", "plain", "legacy"))
+    ours, plain, legacy_rate, quorum = (median(rates[name]) for name in rates)
     ratio = ours / plain
     return Result(
         f"handling {size.drain:,} waiting events, one service, -P {pool} -c {concurrency}",
         f"{ours:,.0f} events/s",
-        f"plain Celery: {plain:,.0f}/s ({ratio:.2f}x); 0.1.0: {legacy_rate:,.0f}/s ({ours / legacy_rate:.2f}x)",
+        f"plain Celery: {plain:,.0f}/s ({ratio:.2f}x); 0.1.0: {legacy_rate:,.0f}/s ({ours / legacy_rate:.2f}x); "
+        f"plain Celery on a quorum queue: {quorum:,.0f}/s ({ours / quorum:.2f}x)",
         ratio,
         ">= 0.9x plain Celery, >= 1.0x 0.1.0",
         ratio >= 0.9 and ours >= legacy_rate,
-        {"ours": ours, "plain Celery": plain, "0.1.0": legacy_rate},
+        {"ours": ours, "plain Celery": plain, "0.1.0": legacy_rate, "plain Celery, quorum queue": quorum},
     )
 
 
