@@ -97,10 +97,6 @@ class EventsApp(Celery):
         return Settings.from_conf(self.conf)
 
     @property
-    def handled_events(self) -> tuple[str, ...]:
-        return tuple(sorted(self._handlers))
-
-    @property
     def topology(self) -> Topology:
         """This service's exchanges, queues and bindings (computed, not read from the broker)."""
         return service_topology(self.service, self._handlers, self.events_settings)

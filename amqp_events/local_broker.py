@@ -90,10 +90,6 @@ class LocalBroker:
     def management_url(self) -> str:
         return f"http://127.0.0.1:{self._require_state().management_port}"
 
-    @property
-    def prometheus_url(self) -> str:
-        return f"http://127.0.0.1:{self._require_state().prometheus_port}/metrics"
-
     def is_running(self) -> bool:
         return self.state is not None and _alive(self.state.server_pid)
 
