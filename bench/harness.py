@@ -35,6 +35,8 @@ class Run:
     vhost: str
     marks: Path
     workdir: Path
+    #: Queue type of the plain Celery baseline (bench/apps/plain.py reads PLAIN_QUEUE_TYPE).
+    plain_queue_type: str = "classic"
 
     def marks_read(self) -> list[dict]:
         if not self.marks.exists():
@@ -47,6 +49,7 @@ class Run:
             "BROKER_URL": self.url,
             "MARKS_FILE": str(self.marks),
             "SERVICE": service,
+            "PLAIN_QUEUE_TYPE": self.plain_queue_type,
             "PYTHONPATH": str(APPS),
         }
 

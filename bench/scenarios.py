@@ -55,6 +55,14 @@ def ours_app(run: Run, service: str = "bench"):  # type: ignore[no-untyped-def]
     return importlib.reload(ours).app
 
 
+def plain_app(run: Run):  # type: ignore[no-untyped-def]
+    """A fresh import of bench/apps/plain.py bound to ``run``'s vhost and plain queue type."""
+    os.environ.update({"BROKER_URL": run.url, "PLAIN_QUEUE_TYPE": run.plain_queue_type})
+    import plain
+
+    return importlib.reload(plain).app
+
+
 def fire_one_at_a_time(bench: Bench, size: Size) -> Result:
     """Firing with a confirm per event, against raw kombu publishing the same message with a confirm."""
     with bench.run("fire") as run:
@@ -148,16 +156,13 @@ def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int) -
             queue, python = "bench:bench.noop", sys.executable
         elif library in ("plain", "plain-quorum"):
             # plain-quorum: the same plain Celery on a quorum queue, to show what the queue type costs
-            os.environ["PLAIN_QUEUE_TYPE"] = "quorum" if library == "plain-quorum" else "classic"
-            os.environ["BROKER_URL"] = run.url
-            import plain
-
-            plain_app = importlib.reload(plain).app
-            plain_app.conf.broker_transport_options = {"confirm_publish": False}  # filling is not measured
-            with plain_app.producer_or_acquire() as producer:
+            run.plain_queue_type = "quorum" if library == "plain-quorum" else "classic"
+            plain = plain_app(run)
+            plain.conf.broker_transport_options = {"confirm_publish": False}  # filling is not measured
+            with plain.producer_or_acquire() as producer:
                 for n in range(size.drain):
-                    plain_app.send_task("bench.noop", (n,), {"last": n == size.drain - 1}, producer=producer)
-            plain_app.close()
+                    plain.send_task("bench.noop", (n,), {"last": n == size.drain - 1}, producer=producer)
+            plain.close()
             queue, python = "plain", sys.executable
         else:
             python = legacy_python()
@@ -263,10 +268,7 @@ def _fire_waiting_ours(run: Run, numbers: range) -> None:
 
 
 def _fire_waiting_plain(run: Run, numbers: range) -> None:
-    os.environ["BROKER_URL"] = run.url
-    import plain
-
-    app = importlib.reload(plain).app
+    app = plain_app(run)
     with app.producer_or_acquire() as producer:
         for n in numbers:
             app.send_task("bench.wait", (n, 600), producer=producer)
