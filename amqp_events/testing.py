@@ -117,7 +117,14 @@ def start_worker(
     ) -> WorkerProcess:
         name = f"w{len(workers) + 1}-{uuid.uuid4().hex[:6]}"
         argv = worker_argv(app, *extra, pool=pool, concurrency=concurrency, name=name)
-        environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # TMPDIR: what a killed worker leaves behind stays in the test's own directory
+        environment = {
+            **os.environ,
+            "BROKER_URL": broker_url,
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(tmp_path),
+            **(env or {}),
+        }
         worker = WorkerProcess(argv, environment, cwd or Path.cwd(), tmp_path / f"{name}.log")
         workers.append(worker.start())
         if ready:

@@ -127,6 +127,7 @@ def run(events: int, workdir: Path, duration: float, seed: int = 7, deadline: fl
             for pool, concurrency in POOLS:
                 argv = worker_argv("faults.service", pool=pool, concurrency=concurrency, name=f"{service}-{pool}")
                 env = {"SERVICE": service, "BROKER_URL": url, "JOURNAL": str(journal), "PYTHONPATH": str(ROOT)}
+                env["TMPDIR"] = str(workdir)  # what a SIGKILLed worker leaves behind goes with the run
                 log = workdir / f"{service}-{pool}.log"
                 workers.append(WorkerProcess(argv, {**os.environ, **env}, ROOT, log).start())
         for worker in workers:

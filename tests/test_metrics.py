@@ -124,3 +124,13 @@ def test_the_exporter_reports_queues_and_workers_and_notices_a_killed_one(
     finally:
         exporter.stop()
         server.shutdown()
+
+
+def test_a_worker_removes_the_metrics_directory_it_made_when_it_stops(worker, tmp_path):
+    def made() -> list[str]:
+        return [path.name for path in tmp_path.iterdir() if path.name.startswith("amqp-events-metrics-")]
+
+    process = worker("orders", pool="prefork", env={"AMQP_EVENTS_METRICS_PORT": str(free_port())})
+    assert made()
+    assert process.stop() == 0
+    assert made() == []

@@ -3,8 +3,9 @@
 * With ``amqp_events_metrics_port`` set, the worker's main process serves the
   handler metrics of :mod:`amqp_events.metrics` on that port (host
   ``amqp_events_metrics_host``, 127.0.0.1 by default). Pool children write to
-  files in ``$PROMETHEUS_MULTIPROC_DIR`` (made for the worker when unset) and
-  the endpoint serves their sum, so prefork workers report every child.
+  files in ``$PROMETHEUS_MULTIPROC_DIR`` (made for the worker when unset, removed
+  when it stops) and the endpoint serves their sum, so prefork workers report
+  every child.
 * Every ``amqp_events_heartbeat_interval`` seconds the worker publishes a
   small heartbeat to the ``amqp_events.heartbeats`` fanout exchange, and an
   ``offline`` one when it stops; ``amqp-events exporter`` turns them into
@@ -32,6 +33,8 @@ logger = logging.getLogger("amqp_events")
 
 HEARTBEATS = heartbeats_exchange()
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The metrics directory this worker made for itself (removed when it stops), if it made one.
+made_dir: str | None = None
 
 
 @signals.worker_init.connect
@@ -52,7 +55,8 @@ def serve_metrics(sender: Any = None, **_: Any) -> None:
                 MULTIPROC_ENV,
             )
         else:
-            os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="amqp-events-metrics-")
+            global made_dir
+            made_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="amqp-events-metrics-")
     else:
         _clear(os.environ[MULTIPROC_ENV])  # files of a previous run would add up with this one's
     from prometheus_client import CollectorRegistry, start_http_server
@@ -73,6 +77,13 @@ def forget_child(pid: int | None = None, **_: Any) -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid)
+
+
+@signals.worker_shutdown.connect
+def remove_made_dir(**_: Any) -> None:
+    """The worker's main process stops: remove the metrics directory it made for itself, if it did."""
+    if made_dir is not None:
+        shutil.rmtree(made_dir, ignore_errors=True)
 
 
 def _clear(directory: str) -> None:
