@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -43,6 +44,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=60, help="how many invoices to pay (default 60)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the handlers")
     options = parser.parse_args()
+    signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)  # a SIGTERM cleans up as Ctrl-C does
 
     workdir = Path(tempfile.mkdtemp(prefix="amqp-events-demo-"))
@@ -86,12 +88,23 @@ def main() -> int:
         say(f"stopped the workers and the broker; removed {workdir}")
 
 
+INTERRUPTED = threading.Event()
+
+
 def interrupt(*_: object) -> None:
+    INTERRUPTED.set()
     raise KeyboardInterrupt
+
+
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt again if one came: Python ignores it when a finaliser was running."""
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 def fire(billing, count: int) -> None:
     for number in range(1, count + 1):
+        stop_if_interrupted()
         customer = CUSTOMERS[number % len(CUSTOMERS)]
         billing.invoice_paid(number, f"{10 + number}.00", customer)
         progress(f"fired {number}/{count} billing.invoice.paid (each confirmed by the broker)")
@@ -102,6 +115,7 @@ def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
     """Until every service reached a final outcome for every invoice (or the timeout)."""
     deadline = time.monotonic() + timeout
     while True:
+        stop_if_interrupted()
         lines = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
         final = {(line["service"], line["invoice"]) for line in lines if line["outcome"] in ("handled", "archived")}
         done = Counter(service for service, _ in final)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,6 +60,14 @@ def test_ctrl_c_stops_everything_the_demo_started():
     assert descendants_of_the_demo(workdir)  # the node and the workers run
     time.sleep(1)
     os.killpg(demo.pid, signal.SIGINT)
-    output, _ = demo.communicate(timeout=120)
+    try:
+        output, _ = demo.communicate(timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        for pid in [demo.pid, *descendants_of_the_demo(workdir)]:  # only what this demo started
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        demo.communicate()
+        output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else str(exc.output)
+        pytest.fail(f"the demo did not stop within 120 s of Ctrl-C; its output ended with:\n{output[-2000:]}")
     assert demo.returncode == 130 and "interrupted" in output
     wait_for(lambda: descendants_of_the_demo(workdir) == [], 30, what="every process of the demo to end")
