@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,10 +38,39 @@ class LocalBrokerError(RuntimeError):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing uses right now (see :func:`free_ports`)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that nothing uses right now.
+
+    They are chosen outside the kernel's ephemeral range: a port from that range
+    can be handed to any process's outgoing connection between the moment it is
+    chosen and the moment the node binds it, and the node would then fail to start.
+    """
+    low, high = _ephemeral_range()
+    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
+    chosen: list[int] = []
+    with contextlib.ExitStack() as held:  # held until all are chosen, so that none is chosen twice
+        for port in random.sample(candidates, len(candidates)):
+            sock = held.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise LocalBrokerError(f"fewer than {count} free TCP ports outside the range {low}-{high}")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
 
 @dataclass
@@ -166,14 +196,15 @@ class LocalBroker:
     # -- internals --------------------------------------------------------
 
     def _new_state(self) -> NodeState:
-        amqp_port = self.requested_port or free_port()
+        amqp_port, dist_port, epmd_port, management_port, prometheus_port = free_ports(5)
+        amqp_port = self.requested_port or amqp_port
         return NodeState(
             nodename=f"amqp-events-{amqp_port}@localhost",
             amqp_port=amqp_port,
-            dist_port=free_port(),
-            epmd_port=free_port(),
-            management_port=free_port(),
-            prometheus_port=free_port(),
+            dist_port=dist_port,
+            epmd_port=epmd_port,
+            management_port=management_port,
+            prometheus_port=prometheus_port,
         )
 
     def _environment(self, state: NodeState) -> dict[str, str]:
