@@ -78,13 +78,12 @@ def main() -> int:
         billing.app.close()
         return 0
     except KeyboardInterrupt:
-        say(f"\ninterrupted: stopping everything the demo started DEBUG at {time.monotonic():.1f}")
+        say("\ninterrupted: stopping everything the demo started")
         return 130
     finally:
         for worker in workers:
-            _t = time.monotonic(); rc = worker.stop(); say(f"DEBUG worker stop {time.monotonic()-_t:.1f}s rc={rc}")
-            if time.monotonic()-_t > 3: shutil.copy(worker.log_path, f"/tmp/prof/slow-{os.getpid()}-{worker.log_path.name}")
-        _t = time.monotonic(); node.stop(); say(f"DEBUG node stop {time.monotonic()-_t:.1f}s")
+            worker.stop()
+        node.stop()
         shutil.rmtree(workdir, ignore_errors=True)
         say(f"stopped the workers and the broker; removed {workdir}")
 
