@@ -252,6 +252,7 @@ class LocalBroker:
             process = subprocess.Popen(
                 argv,
                 env=self._environment(state),
+                cwd=self.directory,  # crash and Mnesia core dumps land with the node, not where it was started
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
