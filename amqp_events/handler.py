@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -202,14 +202,10 @@ class EventHandler(Task):
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
         delivery = Delivery.of(self.request)
-        if args is not None or kwargs is not None:
-            delivery = Delivery(
-                delivery.headers,
-                list(delivery.args if args is None else args),
-                dict(delivery.kwargs if kwargs is None else kwargs),
-                delivery.exchange,
-                delivery.routing_key,
-            )
+        if args is not None:
+            delivery = replace(delivery, args=list(args))
+        if kwargs is not None:
+            delivery = replace(delivery, kwargs=dict(kwargs))
         run = self.request.get("metrics_run") or self._metrics_run(delivery)
         error = exc or RetryRequested("the handler asked to be retried")
         outcome = self._after_failure(delivery, error, run, countdown=countdown, max_retries=max_retries)
