@@ -4,30 +4,53 @@
 >>> app = events_app("orders", broker_url="amqp://guest:guest@localhost:5672/")
 """
 
-from amqp_events.app import DuplicateHandler, EventsApp, TopologyMissing, events_app
-from amqp_events.declare import TopologyMismatch
-from amqp_events.delays import DelayTooLong
+from importlib.metadata import PackageNotFoundError, version
+
+from amqp_events.app import EventsApp, events_app
+from amqp_events.errors import (
+    BadArguments,
+    DelayTooLong,
+    DuplicateHandler,
+    InvalidName,
+    PermanentFailure,
+    PublishError,
+    Rejected,
+    RetryRequested,
+    SettingsFrozen,
+    TopologyMismatch,
+    TopologyMissing,
+    WorkerLost,
+)
 from amqp_events.events import Event
 from amqp_events.handler import EventHandler, current_event
 from amqp_events.message import EventMetadata, Reason
-from amqp_events.publisher import PublishError
-from amqp_events.retry import PermanentFailure, RetryPolicy
+from amqp_events.retry import RetryPolicy
 
-__version__ = "0.2.0"
+try:
+    __version__ = version("celery-amqp-events")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
+    "BadArguments",
     "DelayTooLong",
     "DuplicateHandler",
     "Event",
     "EventHandler",
     "EventMetadata",
     "EventsApp",
+    "InvalidName",
     "PermanentFailure",
     "PublishError",
     "Reason",
+    "Rejected",
     "RetryPolicy",
+    "RetryRequested",
+    "SettingsFrozen",
     "TopologyMismatch",
     "TopologyMissing",
+    "WorkerLost",
+    "__version__",
     "current_event",
     "events_app",
 ]

@@ -2,63 +2,56 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cached_property
-from typing import Any, ParamSpec, TypeVar, cast, overload
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from amqp.exceptions import NotFound
-from celery import Celery, Task
-from celery.app.amqp import AMQP
-from kombu.utils.objects import cached_property as kombu_cached_property
+from celery import Task
 
-from amqp_events import delays
-from amqp_events.declare import declare_topology
-from amqp_events.events import Event, EventBatch, TopologyMissing, event_class
+from amqp_events import _celery_compat, delays
+from amqp_events.clock import utcnow
+from amqp_events.errors import DuplicateHandler, TopologyMissing
+from amqp_events.events import Event, EventBatch, event_class
 from amqp_events.handler import EventHandler
 from amqp_events.logs import log_event
-from amqp_events.message import DUE_AT, OutgoingMessage, event_envelope, isoformat, utcnow
+from amqp_events.message import OutgoingMessage, event_envelope
 from amqp_events.metrics import record_fired
-from amqp_events.metrics import worker as _worker_metrics  # noqa: F401  (connects the worker's signals)
-from amqp_events.publisher import Publisher
-from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults
-from amqp_events.topology import (
-    Topology,
-    check_event_name,
-    check_service_name,
-    events_exchange,
-    service_topology,
-)
+from amqp_events.metrics.worker import Heartbeat, MetricsEndpoint
+from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
+from amqp_events.topology import Topology, check_event_name, check_service_name, service_topology
+from amqp_events.transport import RabbitMQ, Transport, replacement
+from amqp_events.worker import InboxPruning
 
-logger = logging.getLogger("amqp_events")
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from amqp_events.inbox.base import DedupStore, TransactionalInbox
+    from amqp_events.outbox.relay import RelayThread
+    from amqp_events.outbox.schema import OutboxTables
+    from amqp_events.outbox.store import OutboxStore
+    from amqp_events.outbox.writer import OutboxWriter
+
+logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
 
-
-class DuplicateHandler(ValueError):
-    """A service registered a second handler for the same event."""
-
-
 #: The batch ``with app.batch():`` opened in this context, if any.
 _current_batch: ContextVar[EventBatch | None] = ContextVar("amqp_events_batch", default=None)
+#: The outbox ``with app.outbox(...):`` opened in this context, if any.
+_current_outbox: ContextVar[OutboxWriter | None] = ContextVar("amqp_events_outbox", default=None)
 _NO_LADDER = (
     "cannot delay {event!r}: the delay ladder is not on the broker yet. Start a worker of any service, "
     "or run `amqp-events -A <app> topology declare`."
 )
-
-
-class EventsAMQP(AMQP):
-    """Celery's AMQP helper, consuming the service's event queues (plus any ``task_queues`` given)."""
-
-    @kombu_cached_property
-    def queues(self) -> Any:
-        app = cast("EventsApp", self.app)
-        return self.Queues([*app.topology.event_queues, *(app.conf.task_queues or ())])
 
 
 class EventDecorator:
@@ -79,22 +72,32 @@ class EventDecorator:
         return Event(self.app, self.name, target)
 
 
-class EventsApp(Celery):
+class EventsApp(_celery_compat.EventsCelery):
     """A Celery app for one service. Create it with :func:`events_app`."""
 
-    amqp_cls = "amqp_events.app:EventsAMQP"
-
-    def __init__(self, main: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, main: str, *args: Any, home: Path | None = None, **kwargs: Any) -> None:
         super().__init__(main, *args, **kwargs)
         self.service = check_service_name(main)
+        #: The directory of the module that made the app (where the default SQLite outbox lives).
+        self.home = home or Path.cwd()
         self._handlers: dict[str, str] = {}
+        self._settings: Settings | None = None
 
     # -- configuration ----------------------------------------------------
 
-    @cached_property
+    @property
     def events_settings(self) -> Settings:
-        """The ``amqp_events_*`` settings, read from ``app.conf`` on first use."""
-        return Settings.from_conf(self.conf)
+        """The ``amqp_events_*`` settings, read from ``app.conf`` the first time they are needed.
+
+        That is the first fire (or batch), the first use of the topology (a
+        worker, when it starts), or the first read of this property. After
+        that, changing one of them raises :class:`~amqp_events.SettingsFrozen`.
+        """
+        if self._settings is None:
+            raw = raw_settings(self.conf)
+            self._settings = Settings.from_raw(raw)
+            self.freeze_settings(raw, f"at {utcnow():%H:%M:%S} UTC, when they were first needed")
+        return self._settings
 
     @property
     def topology(self) -> Topology:
@@ -103,8 +106,7 @@ class EventsApp(Celery):
 
     def declare_topology(self) -> None:
         """Declare :attr:`topology` on the broker, as a worker does at start-up."""
-        with self.connection_for_write() as connection:
-            declare_topology(connection, self.topology)
+        self.transport.declare(self.topology)
 
     # -- producing --------------------------------------------------------
 
@@ -126,13 +128,19 @@ class EventsApp(Celery):
         With ``countdown`` seconds or an ``eta`` the event first waits on the
         broker's delay ladder, then reaches every subscribed service.
         """
-        message = self._event_message(event, args, kwargs or {}, countdown, eta)
+        direct, delay = self._fired_message(event, args, kwargs or {}, countdown, eta)
+        writer = _current_outbox.get()
+        if writer is not None and writer.app is self:
+            writer.write(direct, delay)
+            record_fired(self.service, event, "outbox")
+            return direct.message_id
+        message = direct.after(delay, delays.event_destination(event), utcnow())
         batch = _current_batch.get()
         if batch is not None and batch.app is self:
             batch.publish(message)
             return message.message_id
         try:
-            routed = self.publisher.publish(message)
+            routed = self.transport.publish(message)
         except Exception as exc:
             record_fired(self.service, event, "error")
             if isinstance(exc, NotFound):
@@ -154,6 +162,11 @@ class EventsApp(Celery):
                 for invoice in invoices:
                     invoice_paid(invoice.id, invoice.amount)
         """
+        writer = _current_outbox.get()
+        if writer is not None and writer.app is self:  # rows written together when the batch ends
+            with writer.batch() as written:
+                yield written  # type: ignore[misc]
+            return
         batch = EventBatch(self, window)
         token = _current_batch.set(batch)
         try:
@@ -163,44 +176,113 @@ class EventsApp(Celery):
             _current_batch.reset(token)
             batch.close()
 
-    def _event_message(
-        self, event: str, args: Any, kwargs: dict[str, Any], countdown: float | None, eta: datetime | None
+    def event_message(
+        self,
+        event: str,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: dict[str, Any],
+        countdown: float | None = None,
+        eta: datetime | None = None,
     ) -> OutgoingMessage:
+        """The message that fires ``event``, ready to publish (no validation, nothing sent)."""
+        direct, delay = self._fired_message(event, args, kwargs, countdown, eta)
+        return direct.after(delay, delays.event_destination(event), utcnow())
+
+    def _fired_message(
+        self, event: str, args: Any, kwargs: dict[str, Any], countdown: float | None, eta: datetime | None
+    ) -> tuple[OutgoingMessage, int]:
+        """The message that fires ``event`` at once, and how many seconds it must wait first."""
         check_event_name(event)
         headers, body = event_envelope(event, args, kwargs, self.service)
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
-        delay = delays.whole_seconds(countdown or 0)
-        if delay:
-            exchange = delays.entry_exchange()
-            routing_key = delays.routing_key(delay, delays.event_destination(event))
-            headers[DUE_AT] = isoformat(utcnow() + timedelta(seconds=delay))
-        else:
-            exchange, routing_key = self.events_settings.exchange, event
-        return OutgoingMessage(exchange, routing_key, headers, body, headers["id"])
+        message = OutgoingMessage(self.events_settings.exchange, event, headers, body, headers["id"])
+        return message, delays.whole_seconds(countdown or 0)
 
     def _fired(self, message: OutgoingMessage, routed: bool) -> None:
         event = message.headers["task"]
-        delayed = message.exchange == delays.entry_exchange()
         record_fired(self.service, event, "confirmed" if routed else "unroutable")
-        if delayed and not routed:
+        if message.delayed and not routed:
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
         if not routed:
             logger.debug(
                 "fired event=%s service=%s id=%s: no service subscribes to it", event, self.service, message.message_id
             )
-        log_event("fired", event=event, service=self.service, event_id=message.message_id, delayed=delayed)
+        log_event("fired", event=event, service=self.service, event_id=message.message_id, delayed=message.delayed)
+
+    @property
+    def transport(self) -> Transport:
+        """Where the app's messages go: :attr:`rabbitmq`, or the in-process mode of :mod:`amqp_events.testing`."""
+        return replacement() or self.rabbitmq
 
     @cached_property
-    def publisher(self) -> Publisher:
-        settings = self.events_settings
-        return Publisher(self, settings.publish_timeout, declare=(events_exchange(settings),))
+    def rabbitmq(self) -> RabbitMQ:
+        """The app's broker (``broker_url``), with a publisher connection per thread."""
+        return RabbitMQ(self)
 
     def close(self) -> None:
-        """Close the app's connections, the publisher's included."""
-        if "publisher" in self.__dict__:
-            self.publisher.close()
+        """Close the app's connections, the publisher's included, and stop its in-process outbox relay."""
+        relay = self.__dict__.get("outbox_relay")
+        if relay is not None:
+            relay.stop()
+        if "rabbitmq" in self.__dict__:
+            self.rabbitmq.close()
         super().close()
+
+    # -- the transactional outbox -----------------------------------------------------------------
+
+    @contextmanager
+    def outbox(self, transaction: Any) -> Iterator[OutboxWriter]:
+        """Fire into the application's own transaction: inside the block, firing writes a row instead of publishing.
+
+        ``transaction`` is the database handle the business writes use: a
+        SQLAlchemy ``Session`` or ``Connection``, or a Django connection. The
+        event is validated and built as usual and its row inserted there, so
+        it is published (by a relay) if and only if that transaction commits::
+
+            with Session(engine) as session, session.begin():
+                session.add(invoice)
+                with app.outbox(session):
+                    invoice_paid(invoice.id, invoice.amount)
+        """
+        from amqp_events.outbox.writer import OutboxWriter, target_of
+
+        writer = OutboxWriter(self, target_of(transaction, self.outbox_tables))
+        token = _current_outbox.set(writer)
+        try:
+            yield writer
+        finally:
+            _current_outbox.reset(token)
+
+    @cached_property
+    def outbox_tables(self) -> OutboxTables:
+        from amqp_events.outbox.schema import outbox_tables
+
+        settings = self.events_settings
+        return outbox_tables(settings.outbox_table, settings.outbox_schema)
+
+    @property
+    def outbox_url(self) -> str:
+        """``amqp_events_outbox_url``, or a SQLite file next to the app."""
+        return self.events_settings.outbox_url or f"sqlite:///{self.home / (self.service + '-outbox.sqlite3')}"
+
+    def outbox_store(self, url: str | None = None, engine: Engine | None = None) -> OutboxStore:
+        """The outbox on ``engine``, or on the database at ``url`` (default: :attr:`outbox_url`)."""
+        from sqlalchemy import create_engine
+
+        from amqp_events.outbox.store import OutboxStore
+
+        engine = engine or create_engine(url or self.outbox_url, pool_pre_ping=True)
+        return OutboxStore(engine, self.outbox_tables, self.events_settings.outbox_max_attempts)
+
+    @cached_property
+    def outbox_relay(self) -> RelayThread | None:
+        """The in-process relay (``amqp_events_outbox_relay``), started on the first outbox write."""
+        if not self.events_settings.outbox_relay:
+            return None
+        from amqp_events.outbox.relay import RelayThread
+
+        return RelayThread(self)
 
     def publish_routed(self, message: OutgoingMessage) -> None:
         """Publish a message that must reach a queue of ours (a retry copy, an archived copy).
@@ -208,7 +290,7 @@ class EventsApp(Celery):
         If nothing received it, a queue or exchange was deleted under us:
         declare the topology again and publish once more.
         """
-        if self.publisher.publish(message):
+        if self.transport.publish(message):
             return
         logger.warning(
             "no queue received %r on exchange %r: declaring the topology again",
@@ -216,7 +298,7 @@ class EventsApp(Celery):
             message.exchange,
         )
         self.declare_topology()
-        if not self.publisher.publish(message):
+        if not self.transport.publish(message):
             raise TopologyMissing(
                 f"no queue receives {message.routing_key!r} on exchange {message.exchange!r}, "
                 "even after declaring the topology again"
@@ -234,6 +316,8 @@ class EventsApp(Celery):
         backoff_max: float | None = None,
         jitter: bool | None = None,
         dont_retry: tuple[type[BaseException], ...] = (),
+        inbox: TransactionalInbox | None = None,
+        dedup: DedupStore | None = None,
         **task_options: Any,
     ) -> Callable[[T], T]:
         """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
@@ -241,11 +325,16 @@ class EventsApp(Celery):
         ``event`` is a name, or a class made with ``@app.event``: then the
         handler receives an instance of it. ``bind=True`` passes the task as
         ``self``. Retry options default to the app's settings;
-        ``dont_retry`` exception types are archived at once. Other keyword
-        arguments are Celery task options. Returns the decorated object.
+        ``dont_retry`` exception types are archived at once. ``inbox`` (an
+        :class:`amqp_events.inbox.Inbox`) runs the handler in a transaction
+        that records the event, handed to it as its first argument, so that
+        its effect happens once; ``dedup`` (a store such as
+        :class:`amqp_events.inbox.RedisDedup`) skips events already handled.
+        Other keyword arguments are Celery task options. Returns the
+        decorated object.
         """
         event_cls = event if isinstance(event, type) else None
-        name = check_event_name(getattr(event_cls, "event_name", None) if event_cls else event)  # type: ignore[arg-type]
+        name = check_event_name(event if isinstance(event, str) else getattr(event, "event_name", None))
         given = {
             "max_retries": max_retries,
             "backoff_base": backoff_base,
@@ -256,6 +345,8 @@ class EventsApp(Celery):
         attributes = {
             "retry_options": {key: value for key, value in given.items() if value is not None},
             "event_class": event_cls,
+            "inbox": inbox,
+            "dedup": dedup,
             **task_options,
         }
 
@@ -269,17 +360,36 @@ class EventsApp(Celery):
                     f"service {self.service!r} already has a handler for event {name!r}: {existing}; "
                     f"{described} cannot be a second one (one handler per event per service)"
                 )
+            if inbox is not None:
+                _takes_a_handle(target, bind, described)
             if isinstance(target, type) and issubclass(target, Task):
                 bases = (target,) if issubclass(target, EventHandler) else (target, EventHandler)
                 namespace = {"name": name, "handler_name": described, "__module__": target.__module__}
                 self.register_task(type(target.__name__, cast(tuple[type, ...], bases), {**namespace, **attributes}))
             else:
                 function = cast(Callable[..., Any], target)
-                self.task(name=name, base=EventHandler, bind=bind, handler_name=described, **attributes)(function)
+                # Not shared: Celery would add a shared task to every app of the process (several services).
+                self.task(name=name, base=EventHandler, bind=bind, shared=False, handler_name=described, **attributes)(
+                    function
+                )
             self._handlers[name] = described
             return target
 
         return register
+
+
+def _takes_a_handle(target: Any, bind: bool, described: str) -> None:
+    """A handler with an inbox receives the transaction's handle first: refuse one that cannot take it."""
+    run = cast(Any, target).run if isinstance(target, type) else target  # a Task class: its unbound run
+    parameters = list(inspect.signature(run).parameters.values())
+    if bind or isinstance(target, type):
+        parameters = parameters[1:]  # self
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in (*positional, inspect.Parameter.VAR_POSITIONAL):
+        raise TypeError(
+            f"{described} has an inbox, so it receives the inbox's session or connection as its first "
+            "argument: add a parameter for it, e.g. def handler(session, ...)"
+        )
 
 
 def events_app(service: str, **celery_settings: Any) -> EventsApp:
@@ -287,13 +397,20 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
 
     Any Celery setting (``broker_url``, ``imports``, ...) or ``amqp_events_*``
     setting can be passed; they override the defaults, as do settings loaded
-    later with ``app.config_from_object``. The environment variables
-    ``AMQP_EVENTS_MAX_RETRIES``, ``AMQP_EVENTS_ARCHIVED_MESSAGE_TTL`` and
-    ``AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH`` are read now, below app settings.
+    later with ``app.config_from_object``, until the app first needs them
+    (see :attr:`EventsApp.events_settings`). The environment variables
+    ``AMQP_EVENTS_MAX_RETRIES``, ``AMQP_EVENTS_ARCHIVED_MESSAGE_TTL``,
+    ``AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH`` and ``AMQP_EVENTS_METRICS_PORT``
+    are read now, below app settings.
     """
-    app = EventsApp(service)
+    caller = inspect.currentframe()
+    module = caller.f_back.f_globals.get("__file__") if caller and caller.f_back else None
+    app = EventsApp(service, home=Path(module).resolve().parent if module else None)
     defaults = {**CELERY_DEFAULTS, **environment_defaults()}
     app.add_defaults(lambda: defaults)
+    app.steps["worker"].add(MetricsEndpoint)
+    app.steps["consumer"].add(Heartbeat)
+    app.steps["consumer"].add(InboxPruning)
     if celery_settings:
         app.conf.update(celery_settings)
     return app

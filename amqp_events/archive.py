@@ -13,7 +13,9 @@ confirmed the replayed copy. An interrupted replay therefore loses nothing
 from __future__ import annotations
 
 import base64
+import builtins
 import json
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -157,6 +159,12 @@ class Selection:
     ) -> Selection:
         return cls(frozenset(ids), event, reason, limit)
 
+    @classmethod
+    def exactly(cls, entries: Iterable[ArchivedMessage]) -> Selection:
+        """These messages and no other: what an operator was shown and confirmed."""
+        ids = [entry.id for entry in entries]
+        return cls(frozenset(ids), limit=len(ids))
+
     def matches(self, archived: ArchivedMessage) -> bool:
         return (
             (not self.ids or archived.id in self.ids)
@@ -170,7 +178,8 @@ EVERYTHING = Selection()
 
 @dataclass
 class ReplayReport:
-    replayed: int = 0
+    #: Ids sent back to their queue (and removed from the archive).
+    replayed: list[str] = field(default_factory=list)
     #: Ids whose original queue no longer exists: left in the archive.
     unroutable: list[str] = field(default_factory=list)
 
@@ -185,9 +194,7 @@ class Archive:
 
     def count(self) -> int:
         """Messages in the archive right now (without touching them)."""
-        with self.app.connection_for_write() as connection:
-            channel: Any = connection.default_channel
-            return int(channel.queue_declare(self.queue, passive=True).message_count)
+        return self.app.transport.count(self.queue)
 
     def list(self, selection: Selection = EVERYTHING) -> list[ArchivedMessage]:
         """The archived messages that match, oldest first. Nothing is consumed."""
@@ -199,38 +206,42 @@ class Archive:
         return found[0] if found else None
 
     def replay(
-        self, selection: Selection = EVERYTHING, on_replayed: Callable[[ArchivedMessage], None] | None = None
+        self,
+        selection: Selection = EVERYTHING,
+        on_replayed: Callable[[ArchivedMessage], None] | None = None,
+        new_ids: bool = False,
     ) -> ReplayReport:
         """Send matching messages back to the queue they came from, with their retry count reset.
 
-        Each archived copy is acked only after the broker confirmed its replacement.
+        Each archived copy is removed only after the broker confirmed its
+        replacement; ``on_replayed`` is called in between, once per message
+        (a progress hook: if the process dies there, the message is in both
+        places, a duplicate rather than a loss). With ``new_ids`` each copy
+        gets a new event id (``replay_of`` keeps the old one), so that a
+        handler with an inbox runs it even if it handled the event before.
         """
         report = ReplayReport()
         with self._browse() as messages:
-            for archived, ack in _take(messages, selection):
-                if self.app.publisher.publish(replay_message(archived)):
-                    ack()
-                    report.replayed += 1
-                    log_event(
-                        "replayed",
-                        event=archived.event,
-                        service=self.service,
-                        event_id=archived.id,
-                        queue=archived.queue,
-                    )
-                    if on_replayed:
-                        on_replayed(archived)
-                else:
+            for archived, remove in _take(messages, selection):
+                if not self.app.transport.publish(replay_message(archived, new_id=new_ids)):
                     report.unroutable.append(archived.id)
+                    continue
+                if on_replayed:
+                    on_replayed(archived)
+                remove()
+                report.replayed.append(archived.id)
+                log_event(
+                    "replayed", event=archived.event, service=self.service, event_id=archived.id, queue=archived.queue
+                )
         return report
 
-    def purge(self, selection: Selection = EVERYTHING) -> int:
-        """Delete matching messages for good; returns how many."""
-        purged = 0
+    def purge(self, selection: Selection = EVERYTHING) -> builtins.list[str]:
+        """Delete matching messages for good; returns their ids."""
+        purged = []
         with self._browse() as messages:
-            for _, ack in _take(messages, selection):
-                ack()
-                purged += 1
+            for archived, remove in _take(messages, selection):
+                remove()
+                purged.append(archived.id)
         return purged
 
     def export(self, out: IO[str], selection: Selection = EVERYTHING) -> int:
@@ -262,53 +273,40 @@ class Archive:
 
     @contextmanager
     def _browse(self) -> Iterator[Iterator[tuple[ArchivedMessage, Callable[[], None]]]]:
-        """Fetch every message unacked; whatever is not acked goes back when the channel closes."""
-        with self.app.connection_for_write() as connection:
-            channel: Any = connection.channel()
-            channel.queue_declare(self.queue, passive=True)  # a clear 404 when it does not exist
-            try:
-                yield _fetch_all(channel, self.queue)
-            finally:
-                channel.close()
+        with self.app.transport.browse(self.queue) as stored:
+            yield (
+                (ArchivedMessage.from_parts(m.headers, m.body, m.content_type, m.content_encoding), remove)
+                for m, remove in stored
+            )
 
 
-def replay_message(archived: ArchivedMessage) -> OutgoingMessage:
-    """What a replay publishes: the original body and envelope, retry count reset, straight to its queue."""
+def replay_message(archived: ArchivedMessage, new_id: bool = False) -> OutgoingMessage:
+    """What a replay publishes: the original body and envelope, retry count reset, straight to its queue.
+
+    ``new_id``: under a new event id, the old one in the ``replay_of`` header.
+    """
+    headers = copy_headers(archived.headers, retries=0)
+    if new_id:
+        headers.update(id=str(uuid.uuid4()), replay_of=archived.id)
     return OutgoingMessage(
         exchange="",
         routing_key=archived.queue,
-        headers=copy_headers(archived.headers, retries=0),
+        headers=headers,
         body=archived.body,
-        message_id=archived.id,
+        message_id=headers["id"],
         content_type=archived.content_type or "application/octet-stream",
         content_encoding=archived.content_encoding or "binary",
     )
 
 
-def _fetch_all(channel: Any, queue: str) -> Iterator[tuple[ArchivedMessage, Callable[[], None]]]:
-    while True:
-        fetched = channel.basic_get(queue, no_ack=False)
-        if fetched is None:
-            return
-        body = fetched.body if isinstance(fetched.body, bytes) else str(fetched.body).encode("utf-8")
-        archived = ArchivedMessage.from_parts(
-            dict(fetched.headers or {}), body, fetched.content_type, fetched.content_encoding
-        )
-        yield archived, _acker(channel, fetched.delivery_tag)
-
-
-def _acker(channel: Any, delivery_tag: int) -> Callable[[], None]:
-    return lambda: channel.basic_ack(delivery_tag)
-
-
 def _take(
     messages: Iterator[tuple[ArchivedMessage, Callable[[], None]]], selection: Selection
 ) -> Iterator[tuple[ArchivedMessage, Callable[[], None]]]:
+    # Every message is fetched, also past the limit: the broker puts unacked messages back behind the
+    # others, so stopping early would move the ones fetched so far to the end of the archive.
     taken = 0
     for archived, ack in messages:
-        if selection.limit is not None and taken >= selection.limit:
-            return
-        if selection.matches(archived):
+        if (selection.limit is None or taken < selection.limit) and selection.matches(archived):
             taken += 1
             yield archived, ack
 

@@ -1,4 +1,4 @@
-"""Comparing a service's computed topology with what a live broker has."""
+"""Comparing a service's computed topology with what a live broker has, replicas included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from kombu import Exchange, Queue
 
 from amqp_events import delays
 from amqp_events.management import ManagementAPI
-from amqp_events.topology import Topology
+from amqp_events.topology import PLACEMENT, Topology
 
 #: (source exchange, destination, "queue" or "exchange", routing key)
 BindingKey = tuple[str, str, str, str]
@@ -17,7 +17,11 @@ BindingKey = tuple[str, str, str, str]
 
 @dataclass(frozen=True)
 class Difference:
-    """One way the broker differs from the topology: ``missing``, ``extra`` or ``mismatch``."""
+    """One way the broker differs from the topology.
+
+    ``missing``, ``extra``, ``mismatch``, ``under-replicated``, ``leaderless``; or a ``note``, which is
+    worth knowing but not wrong (``topology check`` still succeeds).
+    """
 
     kind: str
     entity: str
@@ -27,6 +31,10 @@ class Difference:
     def __str__(self) -> str:
         return f"{self.kind} {self.entity} {self.name!r}" + (f": {self.detail}" if self.detail else "")
 
+    @property
+    def wrong(self) -> bool:
+        return self.kind != "note"
+
 
 @dataclass
 class LiveTopology:
@@ -35,6 +43,8 @@ class LiveTopology:
     exchanges: dict[str, dict[str, Any]] = field(default_factory=dict)
     queues: dict[str, dict[str, Any]] = field(default_factory=dict)
     bindings: set[BindingKey] = field(default_factory=set)
+    #: The cluster's nodes (running or not).
+    nodes: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, management: ManagementAPI, vhost: str) -> LiveTopology:
@@ -46,6 +56,7 @@ class LiveTopology:
                 for item in management.bindings(vhost)
                 if item["source"]  # every queue is bound to the default exchange: not ours to check
             },
+            nodes=[item["name"] for item in management.nodes()],
         )
 
 
@@ -74,7 +85,7 @@ def differences(topology: Topology, live: LiveTopology, vhost: str = "/") -> lis
         if current is None:
             found.append(Difference("missing", "queue", queue.name, "run `topology declare` or start a worker"))
         else:
-            found.extend(_queue_mismatches(queue, current, vhost))
+            found.extend(_queue_mismatches(queue, current, vhost, len(live.nodes)))
     ours = {queue.name for queue in topology.queues}
     for name, current in sorted(live.queues.items()):
         if name not in ours and _belongs_to(name, topology.service):
@@ -108,14 +119,42 @@ def _exchange_mismatches(exchange: Exchange, current: dict[str, Any]) -> list[Di
     ]
 
 
-def _queue_mismatches(queue: Queue, current: dict[str, Any], vhost: str) -> list[Difference]:
+def _queue_mismatches(queue: Queue, current: dict[str, Any], vhost: str, nodes: int) -> list[Difference]:
     wanted = {"durable": queue.durable, **(getattr(queue, "queue_arguments", None) or {})}
     actual = {"durable": current.get("durable"), **(current.get("arguments") or {})}
     fix = (
         f"move its messages elsewhere, delete it (`rabbitmqctl delete_queue {queue.name!r} -p {vhost!r}`), "
         "then run `topology declare`"
     )
-    return [Difference("mismatch", "queue", queue.name, f"{detail}; {fix}") for detail in _compare(wanted, actual)]
+    found = [Difference("mismatch", "queue", queue.name, f"{detail}; {fix}") for detail in _compare(wanted, actual)]
+    kept = [argument for argument in PLACEMENT if argument in wanted and argument not in actual]
+    if kept:  # a queue created before: its replicas were placed without these (declare_topology keeps it)
+        found = [difference for difference in found if not any(argument in difference.detail for argument in kept)]
+        found.append(Difference("note", "queue", queue.name, f"created without {', '.join(kept)}: kept as it is"))
+    return found + _replicas(queue, current, int(wanted.get("x-quorum-initial-group-size") or 0), nodes)
+
+
+def _replicas(queue: Queue, current: dict[str, Any], group_size: int, nodes: int) -> list[Difference]:
+    """A quorum queue's replicas: fewer members than configured (0: one per node), no leader, members offline."""
+    members, online = current.get("members"), current.get("online") or []
+    if members is None:  # not a quorum queue, or the management API does not say
+        return []
+    found = []
+    expected = min(group_size or nodes, nodes)
+    if len(members) < expected:
+        found.append(
+            Difference(
+                "under-replicated", "queue", queue.name,
+                f"{len(members)} member(s) of {expected} ({', '.join(members)}); add one with "
+                f"`rabbitmq-queues add_member {queue.name!r} NODE`",
+            )
+        )  # fmt: skip
+    if not current.get("leader"):
+        found.append(Difference("leaderless", "queue", queue.name, "no leader: it delivers nothing"))
+    offline = sorted(set(members) - set(online))
+    if offline:
+        found.append(Difference("note", "queue", queue.name, f"member(s) offline: {', '.join(offline)}"))
+    return found
 
 
 def _compare(wanted: dict[str, Any], actual: dict[str, Any]) -> list[str]:

@@ -26,6 +26,9 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
+from amqp_events import clock
+from amqp_events.errors import DelayTooLong
+
 LEVELS = 22
 MAX_DELAY = 2**LEVELS - 1  # seconds: 4,194,303 s, a little over 48 days
 PREFIX = "amqp_events"
@@ -33,25 +36,17 @@ DELIVERY_EXCHANGE = f"{PREFIX}.delivery"
 UNROUTABLE = f"{PREFIX}.unroutable"
 
 
-class DelayTooLong(ValueError):
-    """A delay beyond what the ladder can hold."""
-
-
 def level_name(level: int) -> str:
     """Name of both the exchange and the queue of ladder level ``level``."""
     return f"{PREFIX}.delay.{level:02d}"
 
 
-def level_ttl_ms(level: int) -> int:
-    return 2**level * 1000
-
-
-def entry_exchange() -> str:
-    """Every delayed message is published here: the highest level."""
-    return ENTRY_EXCHANGE
-
-
+#: Every delayed message is published to the highest level.
 ENTRY_EXCHANGE = level_name(LEVELS - 1)
+
+
+def level_ttl_ms(level: int) -> int:
+    return 1000 << level
 
 
 def bit_pattern(level: int, bit: str) -> str:
@@ -93,7 +88,7 @@ def seconds_until(eta: datetime, now: datetime | None = None) -> float:
     """Seconds from ``now`` to ``eta`` (naive datetimes are taken as UTC)."""
     if eta.tzinfo is None:
         eta = eta.replace(tzinfo=timezone.utc)
-    now = now or datetime.now(timezone.utc)
+    now = now or clock.utcnow()
     return max(0.0, (eta - now).total_seconds())
 
 

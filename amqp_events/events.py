@@ -7,23 +7,16 @@ import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, TypeVar
 
-from amqp_events import delays
+from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.message import OutgoingMessage
 from amqp_events.metrics import record_fired
-from amqp_events.publisher import ConfirmedBatch, PublishError
-from amqp_events.topology import events_exchange
 
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
 
-logger = logging.getLogger("amqp_events")
-
-
-class TopologyMissing(RuntimeError):
-    """A queue or exchange the library needs is not on the broker."""
-
+logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 C = TypeVar("C", bound=type)
@@ -70,11 +63,13 @@ class Event(Generic[P]):
 
 
 def event_class(app: EventsApp, name: str, cls: C) -> C:
-    """Make a dataclass or pydantic model fireable: ``Cls(...).fire()`` publishes its fields.
+    """A fireable subclass of a dataclass or pydantic model: ``Cls(...).fire()`` publishes its fields.
 
-    Constructing the instance is the validation. The class also gets an
-    ``event_name`` attribute, and can be given to ``@app.handler`` so that
-    the handler receives an instance instead of keyword arguments.
+    Constructing the instance is the validation. The subclass has the same
+    name and an ``event_name`` attribute, and can be given to ``@app.handler``
+    so that the handler receives an instance instead of keyword arguments.
+    The class itself is left as it is, so that a producer and a consumer
+    (two apps) can each make their own event of one shared class.
     """
     payload = _payload_of(cls)
 
@@ -82,9 +77,16 @@ def event_class(app: EventsApp, name: str, cls: C) -> C:
         """Publish this event; returns its id once the broker confirmed it."""
         return app.fire(name, (), payload(self), countdown=countdown, eta=eta)
 
-    cls.fire = fire  # type: ignore[attr-defined]
-    cls.event_name = name  # type: ignore[attr-defined]
-    return cls
+    namespace = {
+        "__annotations__": {"event_name": ClassVar[str], "event_app": ClassVar[Any]},  # not fields: pydantic asks
+        "fire": fire,
+        "event_name": name,
+        "event_app": app,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+    }
+    return type(cls)(cls.__name__, (cls,), namespace)
 
 
 def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
@@ -104,9 +106,8 @@ class EventBatch:
     """The events fired inside ``with app.batch():`` (see :meth:`EventsApp.batch`)."""
 
     def __init__(self, app: EventsApp, window: int) -> None:
-        settings = app.events_settings
         self.app = app
-        self._publisher = ConfirmedBatch(app, settings.publish_timeout, (events_exchange(settings),), window)
+        self._publisher = app.transport.batch(window)
         #: Ids of the events fired in the block, in order.
         self.ids: list[str] = []
         self._names: list[str] = []
@@ -116,22 +117,22 @@ class EventBatch:
         self._publisher.publish(message)
         self.ids.append(message.message_id)
         self._names.append(message.headers["task"])
-        if message.exchange == delays.entry_exchange():
+        if message.delayed:
             self._delayed.add(message.message_id)
 
     def finish(self) -> None:
         """Wait for every confirm; raise for anything the broker refused or could not route."""
         self._publisher.wait()
-        refused, returned = set(self._publisher.refused), self._publisher.returned
+        _, refused, returned = self._publisher.results()
         for event_id, name in zip(self.ids, self._names, strict=True):
             result = "error" if event_id in refused else "unroutable" if event_id in returned else "confirmed"
             record_fired(self.app.service, name, result)
-        if self._publisher.refused:
-            raise PublishError(f"the broker refused {len(self._publisher.refused)} event(s): {self._publisher.refused}")
-        lost_delays = self._delayed & self._publisher.returned
+        if refused:
+            raise PublishError(f"the broker refused {len(refused)} event(s): {refused}")
+        lost_delays = self._delayed & returned
         if lost_delays:
             raise TopologyMissing(f"{len(lost_delays)} delayed event(s) found no delay queue: {sorted(lost_delays)}")
-        unrouted = len(self._publisher.returned)
+        unrouted = len(returned)
         if unrouted:
             logger.debug("fired %d event(s) in a batch that no service subscribes to", unrouted)
 

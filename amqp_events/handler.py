@@ -1,19 +1,9 @@
-"""The Celery task behind every ``@app.handler``: run, retry on the broker, or archive.
+"""The Celery task behind every ``@app.handler``: run the handler, then carry out its outcome.
 
-Every message a handler receives ends in exactly one of three ways:
-
-* the handler returns: Celery acks the message;
-* the handler raises and may run again: a copy with ``retries + 1`` goes
-  through the delay ladder back to this service's queue only, and once the
-  broker confirmed the copy, Celery acks the original (``Retry``);
-* the handler may not run again (retries exhausted, non-retryable error,
-  arguments that do not fit, worker lost too often): a copy goes to the
-  service's archive and, once confirmed, the original is acked (``Ignore``).
-
-Messages the broker dead-lettered as rejected come back to the same queue
-and count as a failed attempt without running the handler. A pool process
-that dies while running a message is noticed by the worker's main process,
-which calls :meth:`EventHandler.after_worker_lost` (see :mod:`amqp_events.worker`).
+What happens to a message once its handler ran (or must not run) is decided
+by :mod:`amqp_events.outcome` and carried out by :mod:`amqp_events.settle`;
+this module turns that into what Celery expects from a task: return (ack),
+raise ``Retry`` (a copy is on its way back; ack) or ``Ignore`` (archived; ack).
 """
 
 from __future__ import annotations
@@ -21,99 +11,36 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry
 
-from amqp_events import delays, logs
-from amqp_events.logs import log_event
-from amqp_events.message import (
-    DUE_AT,
-    EMPTY_EMBED,
-    ENVELOPE,
-    FIRST_FAILURE_AT,
-    JSON,
-    LOST_RUNS,
-    Delivered,
-    EventMetadata,
-    Failure,
-    OutgoingMessage,
-    Reason,
-    archived_message,
-    copy_headers,
-    earlier_deliveries,
-    isoformat,
-    json_body,
-    parse_time,
-    queue_wait,
-    utcnow,
-    was_rejected,
-)
-from amqp_events.metrics import HandlerMetrics, HandlerRun, record_archived
-from amqp_events.retry import GiveUp, RetryPolicy
+from amqp_events import delays
+from amqp_events.clock import utcnow
+from amqp_events.errors import BadArguments, RetryRequested
+from amqp_events.inbox.base import DedupStore, EffectKey, TransactionalInbox
+from amqp_events.message import ENVELOPE, EventMetadata, Reason, queue_wait
+from amqp_events.metrics import HandlerMetrics, HandlerRun
+from amqp_events.outcome import Ack, CannotRun, Delivery, Failed, Handling, Lost, Redeliver, decide, refusal
+from amqp_events.settle import describe, settle
 from amqp_events.topology import event_queue_name
 
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
 
+logger = logging.getLogger(__name__)
 
-class BadArguments(TypeError):
-    """The event's arguments do not fit the handler's signature."""
+#: What a run returns when the effect happened already (the inbox or the dedup store knows its key).
+DUPLICATE = object()
 
-
-class Rejected(Exception):
-    """The message came back dead-lettered as rejected (``basic.reject`` without requeue)."""
-
-
-class RetryRequested(Exception):
-    """``self.retry()`` was called without an exception."""
+#: ``self.retry()`` arguments a handler may give; Celery's others (queue, priority, ...) have no meaning here.
+RETRY_ARGUMENTS = ("args", "kwargs", "exc", "throw", "eta", "countdown", "max_retries")
 
 
-class WorkerLost(Exception):
-    """The process running the handler died (SIGKILL, OOM, a crash) before the message was acked."""
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """The message a handler is running for, as its task or the worker's main process sees it."""
-
-    headers: Mapping[str, Any]
-    args: list[Any]
-    kwargs: dict[str, Any]
-    exchange: str
-    routing_key: str
-
-    @classmethod
-    def of(cls, request: Any) -> Delivery:
-        """From a task's ``self.request`` or a worker-side ``celery.worker.request.Request``."""
-        message = getattr(request, "message", None)
-        if message is not None:  # the worker's main process has the message itself
-            headers = dict(message.headers or {})
-        else:  # a task's context: Celery's envelope fields plus the message's other headers
-            fields = vars(request)
-            headers = {key: fields[key] for key in ENVELOPE if fields.get(key) is not None}
-            headers.update(request.headers or {})
-        info = request.delivery_info or {}
-        return cls(
-            headers=headers,
-            args=list(request.args or ()),
-            kwargs=dict(request.kwargs or {}),
-            exchange=info.get("exchange") or "",
-            routing_key=info.get("routing_key") or "",
-        )
-
-    @property
-    def retries(self) -> int:
-        return int(self.headers.get("retries") or 0)
-
-
-class EventHandler(Task):
+class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
     """Base class of handler tasks. ``@app.handler`` makes one subclass per handled event.
 
     Subclass it (or any ``celery.Task``) for class-based handlers; override
@@ -123,17 +50,23 @@ class EventHandler(Task):
 
     app: EventsApp
     #: Celery builds this worker-side request for every message: it counts pool processes lost.
-    Request = "amqp_events.worker:EventRequest"
+    Request = "amqp_events._celery_compat:EventRequest"
     #: ``max_retries``/``backoff_base``/``backoff_max``/``jitter``/``dont_retry`` given to ``@app.handler``.
-    retry_options: Mapping[str, Any] = {}
+    retry_options: ClassVar[dict[str, Any]] = {}
     #: For handlers of class events: the payload is turned into this class before the call.
     event_class: type | None = None
     #: Name of the function or class the user registered, for messages and metrics.
     handler_name: str = ""
+    #: The same-transaction inbox (``@app.handler(inbox=...)``): the handler's first argument is its handle.
+    inbox: TransactionalInbox | None = None
+    #: The store of effects done (``@app.handler(dedup=...)``), consulted before and recorded after a run.
+    dedup: DedupStore | None = None
 
     @cached_property
-    def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy.from_settings(self.app.events_settings, **self.retry_options)
+    def handling(self) -> Handling:
+        return Handling.from_settings(
+            self.app.events_settings, self.app.service, self.handler_name, **self.retry_options
+        )
 
     @cached_property
     def metrics(self) -> HandlerMetrics:
@@ -143,11 +76,6 @@ class EventHandler(Task):
         return HandlerMetrics(self.app.service, self.handler_name, settings.metrics_exception_labels, served)
 
     @cached_property
-    def _fitting_shapes(self) -> set[tuple[int, frozenset[str]]]:
-        """Argument shapes (how many positional, which keywords) already seen to fit the signature."""
-        return set()
-
-    @cached_property
     def queue_name(self) -> str:
         return event_queue_name(self.app.service, self.name)
 
@@ -155,33 +83,55 @@ class EventHandler(Task):
     def _signature(self) -> inspect.Signature:
         return inspect.signature(self.run)
 
+    @cached_property
+    def _fitting_shapes(self) -> set[tuple[int, frozenset[str]]]:
+        """Argument shapes (how many positional, which keywords) already seen to fit the signature."""
+        return set()
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         if request.called_directly:  # a plain function call, e.g. in a unit test
             return super().__call__(*args, **kwargs)
-        delivery = Delivery.of(request)
-        run = request.metrics_run = self._metrics_run(delivery)
+        delivery = delivery_of(request, self.queue_name)
+        run = request.metrics_run = self.metrics_run(delivery)
         with run:
-            returns = earlier_deliveries(delivery.headers)
-            if returns >= self.app.events_settings.max_redeliveries:
-                lost = WorkerLost(f"returned to its queue {returns} times without an outcome")
-                raise self._give_up(delivery, Reason.WORKER_LOST, lost, delivery.retries + 1, run)
-            if was_rejected(delivery.headers, self.queue_name):
-                raise self._after_failure(delivery, Rejected("the message was rejected without requeue"), run)
+            refused = refusal(delivery, self.handling)
+            if refused is not None:
+                raise self.conclude(delivery, refused, run)
             try:
                 args, kwargs = self._fit_arguments(args, kwargs)
             except BadArguments as exc:
-                raise self._give_up(delivery, Reason.BAD_ARGUMENTS, exc, delivery.retries, run) from None
+                raise self.conclude(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), run) from None
+            key = EffectKey(self.app.service, self.handler_name, delivery.event_id)
             try:
-                result = self.run(*args, **kwargs)
+                result = self._run_once(key, args, kwargs)
             except (Retry, Ignore, Reject):
                 raise
             except Exception as exc:
-                raise self._after_failure(delivery, exc, run) from exc
-            run.finish("success")
-            # Debug: Celery logs every success at info level already.
-            self._log(delivery, "handled", level=logging.DEBUG, seconds=f"{time.monotonic() - run.started:.3f}")
+                raise self.conclude(delivery, Failed(exc), run) from exc
+            if result is DUPLICATE:
+                settle(self.app, delivery, Ack(duplicate=True), self.handling, run)
+                return None
+            if self.dedup is not None:
+                self._record(key)
+            settle(self.app, delivery, Ack(), self.handling, run)
             return result
+
+    def _run_once(self, key: EffectKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the handler, unless the inbox or the dedup store knows the effect happened (``DUPLICATE``)."""
+        if self.dedup is not None and self.dedup.seen(key):
+            return DUPLICATE
+        if self.inbox is None:
+            return self.run(*args, **kwargs)
+        with self.inbox.transaction(key) as (handle, first_time):  # the key first: it holds twins back
+            return self.run(handle, *args, **kwargs) if first_time else DUPLICATE
+
+    def _record(self, key: EffectKey) -> None:
+        assert self.dedup is not None
+        try:
+            self.dedup.record(key)
+        except Exception as exc:  # the effect happened: running it again would repeat it
+            logger.error("could not record %s as done (%s): a duplicate of it would run again", key, describe(exc))
 
     def retry(
         self,
@@ -193,98 +143,53 @@ class EventHandler(Task):
         countdown: float | None = None,
         max_retries: int | None = None,
         **options: Any,
-    ) -> Retry | Ignore:
+    ) -> Exception:
         """Run the handler again after ``countdown`` seconds (or at ``eta``), waiting on the broker.
 
+        ``args``/``kwargs`` replace the event's arguments in the retried copy;
         ``max_retries`` applies to this call only. When no retry is left the
         message is archived instead. Use it as ``raise self.retry(...)``.
+        Celery's routing options (``queue``, ``priority``, ...) have no meaning
+        here and raise ``TypeError``.
         """
+        if options:
+            raise TypeError(
+                f"self.retry() got option(s) it does not support: {', '.join(sorted(options))} "
+                f"(it takes {', '.join(RETRY_ARGUMENTS)}): a retry always goes back to this service's queue"
+            )
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
-        delivery = Delivery.of(self.request)
-        if args is not None:
-            delivery = replace(delivery, args=list(args))
-        if kwargs is not None:
-            delivery = replace(delivery, kwargs=dict(kwargs))
-        run = self.request.get("metrics_run") or self._metrics_run(delivery)
+        delivery = delivery_of(self.request, self.queue_name)
+        if args is not None or kwargs is not None:
+            delivery = _with_arguments(delivery, args, kwargs)
+        run = self.request.get("metrics_run") or self.metrics_run(delivery)
         error = exc or RetryRequested("the handler asked to be retried")
-        outcome = self._after_failure(delivery, error, run, countdown=countdown, max_retries=max_retries)
+        outcome = self.conclude(delivery, Failed(error, countdown, max_retries), run)
         if throw:
             raise outcome
         return outcome
 
-    def after_worker_lost(self, delivery: Delivery) -> None:
-        """The pool process running ``delivery`` died: run it again, or archive it after too many losses.
+    def conclude(self, delivery: Delivery, happened: Failed | CannotRun, run: HandlerRun) -> Exception:
+        """Decide and carry out the outcome of a failure; returns the exception that makes Celery ack."""
+        outcome = decide(delivery, happened, self.handling, utcnow())
+        settle(self.app, delivery, outcome, self.handling, run)
+        celery_says: Exception = Ignore()  # archived
+        if isinstance(outcome, Redeliver):
+            error = outcome.error
+            celery_says = Retry(exc=error if isinstance(error, Exception) else None, when=float(outcome.delay))
+        return celery_says
 
-        Called by the worker's main process, which knows exactly which message
-        its lost child was running; the copy (or the archived copy) is
-        confirmed before the original is acked.
+    def after_lost_process(self, delivery: Delivery) -> None:
+        """The pool process running ``delivery`` died: send it back, or archive it after too many losses.
+
+        Called by the worker's main process, which knows which message its
+        lost child was running (:class:`amqp_events._celery_compat.EventRequest`)
+        and acks the original once this returned.
         """
-        lost = int(delivery.headers.get(LOST_RUNS) or 0) + 1
-        run = self._metrics_run(delivery)
-        error = WorkerLost(f"the process running the handler died ({lost} time(s) so far)")
-        if lost >= self.app.events_settings.max_deliveries:
-            self._give_up(delivery, Reason.WORKER_LOST, error, delivery.retries + lost, run)
-            return
-        headers = {**copy_headers(delivery.headers, delivery.retries), LOST_RUNS: lost}
-        self._publish_copy(delivery, headers, delay=0)
-        run.finish("retry_scheduled", error, "retry")
-        self._log(delivery, "redelivering", error=_describe(error))
+        outcome = decide(delivery, Lost(), self.handling, utcnow())
+        settle(self.app, delivery, outcome, self.handling, self.metrics_run(delivery))
 
-    # -- outcomes: each publishes a copy, then returns the exception that makes Celery ack
-
-    def _after_failure(
-        self,
-        delivery: Delivery,
-        exc: BaseException,
-        run: HandlerRun,
-        countdown: float | None = None,
-        max_retries: int | None = None,
-    ) -> Retry | Ignore:
-        retries = delivery.retries
-        decision = self.retry_policy.decide(exc, retries, countdown=countdown, max_retries=max_retries)
-        if isinstance(decision, GiveUp):
-            return self._give_up(delivery, decision.reason, exc, retries + 1, run)
-        first_failure_at = parse_time(delivery.headers.get(FIRST_FAILURE_AT)) or utcnow()
-        headers = copy_headers(delivery.headers, retries + 1, **{FIRST_FAILURE_AT: isoformat(first_failure_at)})
-        self._publish_copy(delivery, headers, decision.delay)
-        run.finish("retry_scheduled", exc, "retry")
-        self._log(delivery, "retrying", delay=decision.delay, error=_describe(exc))
-        return Retry(exc=exc if isinstance(exc, Exception) else None, when=float(decision.delay))
-
-    def _publish_copy(self, delivery: Delivery, headers: dict[str, Any], delay: int) -> None:
-        """Send a copy of ``delivery`` back to this service's queue alone, after ``delay`` seconds."""
-        if delay:
-            exchange = delays.entry_exchange()
-            routing_key = delays.routing_key(delay, delays.queue_destination(self.queue_name))
-            headers[DUE_AT] = isoformat(utcnow() + timedelta(seconds=delay))
-        else:
-            exchange, routing_key = "", self.queue_name
-        body = [delivery.args, delivery.kwargs, EMPTY_EMBED]
-        self.app.publish_routed(OutgoingMessage(exchange, routing_key, headers, body, str(delivery.headers["id"])))
-
-    def _give_up(self, delivery: Delivery, reason: str, exc: BaseException, attempts: int, run: HandlerRun) -> Ignore:
-        failure = Failure.from_exception(
-            reason, exc, attempts=attempts, first_failure_at=parse_time(delivery.headers.get(FIRST_FAILURE_AT))
-        )
-        delivered = Delivered(
-            headers=copy_headers(delivery.headers, delivery.retries),
-            body=json_body([delivery.args, delivery.kwargs, EMPTY_EMBED]),
-            content_type=JSON,
-            content_encoding="utf-8",
-            exchange=delivery.exchange,
-            routing_key=delivery.routing_key or self.name,
-            queue=self.queue_name,
-        )
-        self.app.publish_routed(archived_message(delivered, failure, self.app.service, self.handler_name))
-        run.finish("archived", exc, "archive")
-        record_archived(self.app.service, self.name, reason)
-        self._log(delivery, "archived", reason=reason, error=_describe(exc), level=logging.WARNING)
-        return Ignore()
-
-    # -- helpers ----------------------------------------------------------
-
-    def _metrics_run(self, delivery: Delivery) -> HandlerRun:
+    def metrics_run(self, delivery: Delivery) -> HandlerRun:
         wait = queue_wait(delivery.headers) if self.metrics.enabled else None
         return HandlerRun(self.metrics, delivery.retries + 1, wait)
 
@@ -296,31 +201,41 @@ class EventHandler(Task):
                 raise BadArguments(f"cannot build {self.event_class.__name__} from the payload: {exc}") from exc
         shape = (len(args), frozenset(kwargs))
         if shape not in self._fitting_shapes:  # whether arguments bind depends on their shape only
+            handle = () if self.inbox is None else (None,)  # the inbox's handle comes first
             try:
-                self._signature.bind(*args, **kwargs)
+                self._signature.bind(*handle, *args, **kwargs)
             except TypeError as exc:
                 raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
             self._fitting_shapes.add(shape)
         return args, kwargs
 
-    def _log(self, delivery: Delivery, what: str, level: int = logging.INFO, **fields: Any) -> None:
-        if not logs.logger.isEnabledFor(level):
-            return
-        event = EventMetadata.from_headers(delivery.headers)
-        log_event(
-            what,
-            event=event.name,
-            service=self.app.service,
-            event_id=event.id,
-            attempt=event.attempt,
-            level=level,
-            handler=self.handler_name,
-            **fields,
-        )
+
+def delivery_of(request: Any, queue: str) -> Delivery:
+    """The message a handler runs for, from a task's ``self.request`` or the worker's own ``Request``."""
+    message = getattr(request, "message", None)
+    if message is not None:  # the worker's main process has the message itself
+        headers = dict(message.headers or {})
+    else:  # a task's context: Celery's envelope fields plus the message's other headers
+        fields = vars(request)
+        headers = {key: fields[key] for key in ENVELOPE if fields.get(key) is not None}
+        headers.update(request.headers or {})
+    info = request.delivery_info or {}
+    return Delivery(
+        headers=headers,
+        queue=queue,
+        exchange=info.get("exchange") or "",
+        routing_key=info.get("routing_key") or "",
+        args=list(request.args or ()),
+        kwargs=dict(request.kwargs or {}),
+    )
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}({str(exc)[:200]!r})"
+def _with_arguments(delivery: Delivery, args: Any, kwargs: Any) -> Delivery:
+    return replace(
+        delivery,
+        args=delivery.args if args is None else list(args),
+        kwargs=delivery.kwargs if kwargs is None else dict(kwargs),
+    )
 
 
 def current_event() -> EventMetadata:
@@ -334,4 +249,4 @@ def current_event() -> EventMetadata:
     task = current_task
     if task is None or task.request.called_directly:
         raise RuntimeError("current_event() is only available while a handler runs in a worker")
-    return EventMetadata.from_headers(vars(task.request))
+    return EventMetadata.from_headers(delivery_of(task.request, "").headers)

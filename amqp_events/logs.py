@@ -1,11 +1,15 @@
-"""Structured log lines: ``<what> event=... service=... id=... attempt=... key=value ...``."""
+"""Structured log lines about events: ``<what> event=... service=... id=... attempt=... key=value ...``.
+
+Each line also carries its fields as attributes of the log record (``extra=``),
+so that a JSON formatter or structlog can emit them as fields.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-logger = logging.getLogger("amqp_events")
+logger = logging.getLogger(__name__)
 
 
 def log_event(
@@ -25,4 +29,5 @@ def log_event(
     if attempt is not None:
         parts.append(f"attempt={attempt}")
     parts.extend(f"{key}={value}" for key, value in fields.items())
-    logger.log(level, "%s %s", what, " ".join(parts))
+    extra = {"event": event, "service": service, "event_id": event_id, "attempt": attempt, **fields}
+    logger.log(level, "%s %s", what, " ".join(parts), extra={"amqp_events": extra})

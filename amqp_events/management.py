@@ -68,6 +68,10 @@ class ManagementAPI:
     def bindings(self, vhost: str) -> list[dict[str, Any]]:
         return list(self.request("GET", f"/api/bindings/{_quote(vhost)}"))
 
+    def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes, running or not (``name``, ``running``, ...)."""
+        return list(self.request("GET", "/api/nodes"))
+
 
 def _quote(name: str) -> str:
     return urllib.parse.quote(name, safe="")

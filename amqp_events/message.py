@@ -21,12 +21,15 @@ from __future__ import annotations
 import traceback as tb
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta, timezone
+from enum import Enum
 from typing import Any
 
 from kombu.utils.json import dumps as json_dumps
 
+from amqp_events import delays
+from amqp_events.clock import utcnow
 from amqp_events.topology import archive_queue_name
 
 FIRED_AT = "fired_at"
@@ -46,10 +49,6 @@ JSON = "application/json"
 
 MAX_EXCEPTION_MESSAGE = 1000
 MAX_TRACEBACK = 4096
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def isoformat(moment: datetime) -> str:
@@ -84,6 +83,25 @@ class OutgoingMessage:
     content_type: str | None = None
     content_encoding: str | None = None
 
+    @property
+    def delayed(self) -> bool:
+        """Does it wait on the delay ladder first?"""
+        return self.exchange == delays.ENTRY_EXCHANGE
+
+    def after(self, delay: int, destination: str, now: datetime) -> OutgoingMessage:
+        """This message, waiting ``delay`` whole seconds on the ladder before it reaches ``destination``.
+
+        The one place a delayed copy is addressed: a delayed fire, a retry.
+        """
+        if not delay:
+            return self
+        return replace(
+            self,
+            exchange=delays.ENTRY_EXCHANGE,
+            routing_key=delays.routing_key(delay, destination),
+            headers={**self.headers, DUE_AT: isoformat(now + timedelta(seconds=delay))},
+        )
+
 
 def event_envelope(
     name: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any], fired_by: str
@@ -96,7 +114,8 @@ def event_envelope(
 
 def json_body(body: Any) -> bytes:
     """``body`` serialised exactly as kombu serialises a JSON message."""
-    return json_dumps(body).encode("utf-8")
+    text: str = json_dumps(body)
+    return text.encode("utf-8")
 
 
 def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dict[str, Any]:
@@ -193,7 +212,7 @@ ARCHIVE_HEADERS = (
 )
 
 
-class Reason:
+class Reason(str, Enum):
     """Why a message was archived (the ``archive_reason`` header)."""
 
     MAX_RETRIES = "max_retries"
@@ -203,15 +222,9 @@ class Reason:
     FORBIDDEN_CONTENT_TYPE = "forbidden_content_type"
     UNKNOWN_EVENT = "unknown_event"
     BAD_ARGUMENTS = "bad_arguments"
-    ALL = (
-        MAX_RETRIES,
-        NON_RETRYABLE,
-        WORKER_LOST,
-        UNDECODABLE,
-        FORBIDDEN_CONTENT_TYPE,
-        UNKNOWN_EVENT,
-        BAD_ARGUMENTS,
-    )
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -228,7 +241,12 @@ class Failure:
 
     @classmethod
     def from_exception(
-        cls, reason: str, exc: BaseException, attempts: int = 0, first_failure_at: datetime | None = None
+        cls,
+        reason: str,
+        exc: BaseException,
+        attempts: int = 0,
+        first_failure_at: datetime | None = None,
+        now: datetime | None = None,
     ) -> Failure:
         return cls(
             reason=reason,
@@ -237,6 +255,7 @@ class Failure:
             traceback=_tail("".join(tb.format_exception(type(exc), exc, exc.__traceback__)), MAX_TRACEBACK),
             attempts=attempts,
             first_failure_at=first_failure_at,
+            last_failure_at=now or utcnow(),
         )
 
 
@@ -258,9 +277,9 @@ def archived_message(delivered: Delivered, failure: Failure, service: str, handl
 
     The body and content type are kept byte for byte; the original headers
     are kept (stripped of earlier ``archive_*`` headers) and the archive
-    headers added.
+    headers added. It is archived when it failed for the last time.
     """
-    now = utcnow()
+    now = failure.last_failure_at
     headers = {key: value for key, value in delivered.headers.items() if key not in ARCHIVE_HEADERS}
     headers.update(
         {

@@ -7,12 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from amqp_events.delays import whole_seconds
+from amqp_events.errors import PermanentFailure
 from amqp_events.message import Reason
 from amqp_events.settings import Settings
-
-
-class PermanentFailure(Exception):
-    """Raise from a handler to archive its message at once (reason ``non_retryable``)."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,7 @@ class RetryLater:
 class GiveUp:
     """Archive the message with ``reason``."""
 
-    reason: str
+    reason: Reason
 
 
 Decision = RetryLater | GiveUp

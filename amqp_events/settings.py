@@ -25,7 +25,7 @@ CELERY_DEFAULTS: dict[str, Any] = {
     "task_ignore_result": True,
     "broker_transport_options": {"confirm_publish": True},
     "broker_connection_retry_on_startup": True,
-    "worker_consumer": "amqp_events.worker:EventConsumer",
+    "worker_consumer": "amqp_events._celery_compat:EventConsumer",
     # Measured in bench/: quorum queues deliver slowly with a small prefetch window
     # (solo: ~2,200 events/s at 4, ~3,400/s at 16, no gain beyond).
     "worker_prefetch_multiplier": 16,
@@ -62,6 +62,9 @@ class Settings:
     #: Times the broker may get a message back without an outcome (the whole worker died or stopped
     #: holding it, prefetched or running) before it is archived as ``worker_lost``.
     max_redeliveries: int = 10
+    #: Nodes each quorum queue is replicated to when it is created (as many as the cluster has, up to this);
+    #: 0 leaves it to the broker's default.
+    quorum_group_size: int = 3
     #: Archive message TTL in milliseconds; 0 keeps messages until replayed or purged.
     archive_ttl_ms: int = 7 * 24 * 3600 * 1000
     #: Archive length bound; 0 means unbounded. The oldest messages go first.
@@ -75,6 +78,27 @@ class Settings:
     metrics_exception_labels: int = 10
     #: Seconds between a worker's heartbeats (read by ``amqp-events exporter``).
     heartbeat_interval: float = 5.0
+    #: The database of the transactional outbox (a SQLAlchemy URL). Empty: for the in-process relay, the
+    #: database of the first outbox write; for ``amqp-events outbox``, a SQLite file next to the app.
+    outbox_url: str = ""
+    #: Name (and schema, empty: the default one) of the outbox table.
+    outbox_table: str = "amqp_events_outbox"
+    outbox_schema: str = ""
+    #: Run a relay in a thread of the app's process, woken after each commit that wrote events.
+    outbox_relay: bool = False
+    #: Rows a relay claims and publishes at a time.
+    outbox_batch: int = 500
+    #: Seconds a relay holds the rows it claimed; another relay takes them over after that.
+    outbox_lease: float = 30.0
+    #: Seconds between looks at the table when nothing wakes the relay (PostgreSQL relays LISTEN).
+    outbox_poll_interval: float = 1.0
+    #: Failed attempts to publish a row before it is set aside as dead.
+    outbox_max_attempts: int = 10
+    #: Seconds an inbox keeps the key of a handled event: a duplicate arriving later runs again. It must
+    #: outlast the archive's TTL plus the retry delays (a warning says so when it does not).
+    inbox_retention: float = 14 * 24 * 3600.0
+    #: Seconds between a worker's prunings of its handlers' inboxes.
+    inbox_prune_interval: float = 600.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -86,23 +110,42 @@ class Settings:
             problems.append(f"backoff_max must be at most {MAX_DELAY} s")
         if self.max_deliveries < 1 or self.max_redeliveries < 1:
             problems.append("max_deliveries and max_redeliveries must be >= 1")
+        if self.quorum_group_size < 0:
+            problems.append("quorum_group_size must be >= 0 (0: the broker's default)")
         if self.archive_ttl_ms < 0 or self.archive_max_length < 0:
             problems.append("archive limits must be >= 0 (0 means unbounded)")
         if self.publish_timeout <= 0:
             problems.append("publish_timeout must be > 0")
         if self.heartbeat_interval <= 0:
             problems.append("heartbeat_interval must be > 0")
+        if self.outbox_batch < 1 or self.outbox_max_attempts < 1:
+            problems.append("outbox_batch and outbox_max_attempts must be >= 1")
+        if self.outbox_lease <= 0 or self.outbox_poll_interval <= 0:
+            problems.append("outbox_lease and outbox_poll_interval must be > 0")
+        if self.inbox_retention <= 0 or self.inbox_prune_interval <= 0:
+            problems.append("inbox_retention and inbox_prune_interval must be > 0")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
+        """The settings in ``conf`` (Celery's ``app.conf``), defaults for those not given."""
+        return cls.from_raw(raw_settings(conf))
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> Settings:
+        """The settings from :func:`raw_settings` values (``None``: not given)."""
         values = {}
         for field in fields(cls):
             key = SETTING_PREFIX + field.name
-            if conf.get(key) is not None:
-                values[field.name] = _coerce(field.type, conf[key], key)
+            if raw.get(key) is not None:
+                values[field.name] = _coerce(field.type, raw[key], key)
         return cls(**values)
+
+
+def raw_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Every ``amqp_events_*`` key of :class:`Settings` with its value in ``conf``, as given."""
+    return {SETTING_PREFIX + field.name: conf.get(SETTING_PREFIX + field.name) for field in fields(Settings)}
 
 
 def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
@@ -127,3 +170,8 @@ def _to_bool(value: Any) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
     return bool(value)
+
+
+def longest_life_of_a_duplicate(settings: Settings) -> float:
+    """Seconds a duplicate of a handled event may still turn up: every retry delay, then the archive's TTL."""
+    return settings.max_retries * settings.backoff_max + settings.archive_ttl_ms / 1000

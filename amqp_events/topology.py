@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from kombu import Exchange, Queue
 
 from amqp_events import delays
+from amqp_events.errors import InvalidName
 from amqp_events.settings import Settings
 
-QUORUM: dict[str, object] = {"x-queue-type": "quorum"}
+#: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue): an
+#: existing queue declared without them is kept as it is (see :func:`amqp_events.declare.declare_topology`).
+PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
 #: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
 SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
@@ -42,11 +45,7 @@ _EVENT = re.compile(rf"^{_WORD}(\.{_WORD})*$")
 _MAX_QUEUE_NAME = 255 - len(delays.routing_key(0, delays.queue_destination("")))
 
 
-class InvalidName(ValueError):
-    """A service or event name the topology cannot be built from."""
-
-
-def check_service_name(service: str) -> str:
+def check_service_name(service: object) -> str:
     if not isinstance(service, str) or not _SERVICE.match(service):
         raise InvalidName(
             f"service name {service!r} must be letters, digits, '_' or '-' (no dots or colons: "
@@ -55,7 +54,7 @@ def check_service_name(service: str) -> str:
     return service
 
 
-def check_event_name(event: str) -> str:
+def check_event_name(event: object) -> str:
     if not isinstance(event, str) or not _EVENT.match(event):
         raise InvalidName(
             f"event name {event!r} must be dot-separated words of letters, digits, '_' or '-', "
@@ -142,7 +141,16 @@ class Topology:
         raise KeyError(name)
 
 
-def delay_ladder() -> tuple[list[Exchange], list[Queue], list[Binding]]:
+def quorum(settings: Settings) -> dict[str, object]:
+    """A replicated quorum queue: on ``amqp_events_quorum_group_size`` nodes (or as many as the cluster
+    has), its leader on the node with the fewest leaders."""
+    arguments: dict[str, object] = {"x-queue-type": "quorum", "x-queue-leader-locator": "balanced"}
+    if settings.quorum_group_size:
+        arguments["x-quorum-initial-group-size"] = settings.quorum_group_size
+    return arguments
+
+
+def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[Binding]]:
     """The shared delay ladder, the delivery exchange and the unroutable catch-all."""
     unroutable_exchange = Exchange(delays.UNROUTABLE, "fanout", durable=True, auto_delete=False)
     delivery = delivery_exchange()
@@ -159,7 +167,7 @@ def delay_ladder() -> tuple[list[Exchange], list[Queue], list[Binding]]:
             routing_key="",
             durable=True,
             auto_delete=False,
-            queue_arguments={**QUORUM, **bounded(UNROUTABLE_TTL_MS, UNROUTABLE_MAX_LENGTH)},
+            queue_arguments={**quorum(settings), **bounded(UNROUTABLE_TTL_MS, UNROUTABLE_MAX_LENGTH)},
         )
     ]
     for level, exchange in levels.items():
@@ -173,7 +181,7 @@ def delay_ladder() -> tuple[list[Exchange], list[Queue], list[Binding]]:
                 durable=True,
                 auto_delete=False,
                 queue_arguments={
-                    **QUORUM,
+                    **quorum(settings),
                     **SAFE_DEAD_LETTERING,
                     "x-message-ttl": delays.level_ttl_ms(level),
                     "x-dead-letter-exchange": after.name,
@@ -193,7 +201,7 @@ def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, li
         durable=True,
         auto_delete=False,
         queue_arguments={
-            **QUORUM,
+            **quorum(settings),
             **SAFE_DEAD_LETTERING,
             # A rejected message comes straight back here, with an x-death entry the worker counts.
             "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
@@ -214,13 +222,13 @@ def archive_queue(service: str, settings: Settings) -> Queue:
         routing_key=archive_queue_name(service),
         durable=True,
         auto_delete=False,
-        queue_arguments={**QUORUM, **bounded(settings.archive_ttl_ms, settings.archive_max_length)},
+        queue_arguments={**quorum(settings), **bounded(settings.archive_ttl_ms, settings.archive_max_length)},
     )
 
 
 def service_topology(service: str, events: Iterable[str], settings: Settings) -> Topology:
     """The topology of ``service`` handling ``events``."""
-    exchanges, queues, bindings = delay_ladder()
+    exchanges, queues, bindings = delay_ladder(settings)
     event_queues = []
     for event in sorted(set(events)):
         queue, delivery_bindings = event_queue(service, event, settings)

@@ -1,176 +1,123 @@
-"""The worker side: Celery's consumer, declaring the topology and archiving what it cannot run.
+"""What a worker of an events app does besides running handlers.
 
-``events_app`` sets ``worker_consumer`` to :class:`EventConsumer`, so a plain
-``celery -A module worker`` uses it. Two things change from Celery's own:
-
-* On every (re)connection the service's topology is declared before any
+* On every (re)connection it declares the service's topology before any
   queue is consumed. A declaration error stops the worker with a message
-  that names the queue, the argument and both values (it is raised from the
-  consumer's start-up, where Celery treats it as unrecoverable, not from a
-  signal handler, which would only log it).
-* A message the worker cannot run is archived with a reason and acked,
-  instead of being acked and dropped (Celery's default for undecodable
-  messages) or rejected (its default for unknown tasks, which the queue's
-  dead-letter exchange would bring straight back).
+  that names the queue, the argument and both values (raised from the
+  consumer's start-up, where Celery treats it as unrecoverable). A worker
+  that ends up consuming none of its service's event queues says so loudly.
+* A message it cannot run (:func:`cannot_run`: undecodable, not a task
+  body, an event this service has no handler for, a forbidden content
+  type) is archived with its reason and acked. If archiving fails, it tries again on a short
+  schedule, then returns the message to its queue: never dropped, never
+  held for good.
+* Every ``amqp_events_inbox_prune_interval`` seconds it removes the keys
+  older than ``amqp_events_inbox_retention`` from its handlers' inboxes, in
+  small batches, in a thread of its own (:class:`InboxPruning`).
 
-It also leaves out Celery's native delayed delivery and, with the solo
-pool, sends acks at once (see :meth:`EventConsumer.call_soon_ack`).
+Celery calls into this module from the consumer of an events app
+(:mod:`amqp_events._celery_compat`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from billiard.einfo import ExceptionWithTraceback
-from billiard.exceptions import WorkerLostError
-from celery import signals
-from celery.concurrency.solo import TaskPool as SoloPool
+from celery import bootsteps
 from celery.exceptions import InvalidTaskError
-from celery.worker.consumer import Consumer
-from celery.worker.request import Request
-from celery.worker.state import task_ready
+from kombu import Connection
 from kombu.exceptions import ContentDisallowed
 from kombu.message import Message
-from vine import promise
 
 from amqp_events import delays
-from amqp_events.declare import TopologyMismatch, declare_topology
-from amqp_events.handler import Delivery, EventHandler
-from amqp_events.message import Delivered, Failure, Reason, archived_message
-from amqp_events.metrics import record_archived
-from amqp_events.topology import InvalidName, event_queue_name
+from amqp_events.clock import utcnow
+from amqp_events.declare import declare_topology
+from amqp_events.errors import InvalidName, TopologyMismatch
+from amqp_events.message import Reason
+from amqp_events.outcome import CannotRun, Delivery, Handling, decide
+from amqp_events.settings import longest_life_of_a_duplicate
+from amqp_events.settle import describe, settle
+from amqp_events.topology import event_queue_name
 
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
 
-logger = logging.getLogger("amqp_events")
+logger = logging.getLogger(__name__)
+
+#: Seconds between attempts to archive a message the worker cannot run; after the last, it goes back to its queue.
+ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 
-class EventConsumer(Consumer):
-    """Celery's task consumer for an :class:`~amqp_events.app.EventsApp` worker."""
-
-    app: EventsApp
-    hub: Any
-
-    class Blueprint(Consumer.Blueprint):
-        # Celery's native delayed delivery would declare 28 queues of its own
-        # on every vhost with quorum queues and bind ours to them; delays here
-        # go through the library's ladder, routed back to one queue only.
-        default_steps: ClassVar[list[str]] = [
-            *(step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")),
-            "amqp_events.metrics.worker:Heartbeat",
-        ]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        signals.worker_shutting_down.connect(self._wake_event_loop, weak=False)
-
-    def _wake_event_loop(self, **_: Any) -> None:
-        # A warm shutdown only sets a flag that the event loop reads between
-        # polls, and a poll can last 10 s. The loop wakes only for callbacks
-        # scheduled from another thread, so schedule a no-op from one.
-        if self.hub is not None:
-            threading.Thread(target=self.hub.call_soon, args=(_nothing,), daemon=True).start()
-
-    def call_soon_ack(self, p: Any, *args: Any, **kwargs: Any) -> Any:
-        # Celery queues acks for the event loop's next turn. With the solo pool
-        # the task ran inside this turn, and the next one may first sit in
-        # poll() for up to 10 s: once the prefetch window is full the broker
-        # sends nothing to wake it. The solo pool runs on the loop's thread, so
-        # send the ack now (a thread pool must keep the queue).
-        if isinstance(self.pool, SoloPool):
-            try:
-                p(*args, **kwargs)
-            except Exception:
-                logger.exception("could not ack or reject a message")
-            return p
-        return super().call_soon_ack(p, *args, **kwargs)
-
-    def connect(self) -> Any:
-        connection = super().connect()
-        try:
-            declare_topology(connection, self.app.topology)
-        except TopologyMismatch as exc:
-            logger.critical("cannot start service %r: %s", self.app.service, exc)
-            raise
-        return connection
-
-    def create_task_handler(self, promise: Any = promise) -> Any:
-        run = super().create_task_handler(promise)
-
-        def on_task_received(message: Message) -> Any:
-            # Celery decodes the body later, in code that crashes the consumer
-            # on a body of the wrong shape: check it before handing it over.
-            try:
-                body = message.decode()
-            except ContentDisallowed as exc:
-                return self.on_invalid_task(None, message, exc)
-            except Exception as exc:
-                return self.on_decode_error(message, exc)
-            if not _is_task_body(body):
-                return self.on_invalid_task(
-                    body,
-                    message,
-                    InvalidTaskError("the body is not a Celery task body [args, kwargs, embed]"),
-                )
-            return run(message)
-
-        return on_task_received
-
-    # Celery's hooks for messages it cannot run, each turned into an archive entry.
-
-    def on_decode_error(self, message: Message, exc: Exception) -> None:
-        self.archive_unrunnable(message, Reason.UNDECODABLE, exc)
-
-    def on_unknown_message(self, body: Any, message: Message) -> None:
-        self.archive_unrunnable(message, Reason.UNDECODABLE, InvalidTaskError("no 'task' header: not an event"))
-
-    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
-        name = message.headers.get("task")
-        error = LookupError(f"service {self.app.service!r} has no handler for event {name!r}")
-        self.archive_unrunnable(message, Reason.UNKNOWN_EVENT, error)
-
-    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
-        reason = Reason.FORBIDDEN_CONTENT_TYPE if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
-        self.archive_unrunnable(message, reason, exc)
-
-    def archive_unrunnable(self, message: Message, reason: str, exc: Exception) -> None:
-        """Archive ``message`` with ``reason``, then ack it (if archiving fails it stays unacked)."""
-        info = message.delivery_info or {}
-        headers = message.headers if isinstance(message.headers, dict) else {}
-        body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
-        delivered = Delivered(
-            headers=headers,
-            body=body,
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            exchange=info.get("exchange") or "",
-            routing_key=info.get("routing_key") or "",
-            queue=origin_queue(self.app.service, info.get("exchange") or "", info.get("routing_key") or ""),
+def on_connected(app: EventsApp, connection: Connection, consumed: Mapping[str, Any]) -> None:
+    """Declare the service's topology on a new connection; complain if no event queue is consumed."""
+    try:
+        declare_topology(connection, app.topology)
+    except TopologyMismatch as exc:
+        logger.critical("cannot start service %r: %s", app.service, exc)
+        raise
+    event_queues = {queue.name for queue in app.topology.event_queues}
+    if not event_queues & set(consumed):
+        logger.error(
+            "service %r: this worker consumes none of the service's event queues (%s), so no event reaches it. %s",
+            app.service,
+            ", ".join(sorted(event_queues)) or "it has no handler",
+            "Register handlers in modules the worker imports (the app's imports= or include=, "
+            "`celery worker --include`, or app.autodiscover_tasks())"
+            if not event_queues
+            else "Check the worker's -Q/-X options.",
         )
-        failure = Failure.from_exception(reason, exc)
+
+
+class Archiver:
+    """Archives the messages a worker cannot run, on the consumer's event loop."""
+
+    def __init__(self, app: EventsApp, timer: Any) -> None:
+        self.app, self.timer = app, timer
+
+    def archive(self, message: Message, reason: Reason, error: Exception, attempt: int = 0) -> None:
+        """Archive ``message`` with ``reason``, then ack it; if that fails, try again later (bounded)."""
+        delivery = delivery_of_message(message, self.app.service)
+        handling = Handling.from_settings(self.app.events_settings, self.app.service)
+        outcome = decide(delivery, CannotRun(reason, error), handling, utcnow())
         try:
-            self.app.publish_routed(archived_message(delivered, failure, self.app.service, ""))
-        except Exception:
-            logger.exception(
-                "could not archive a message service %r cannot run (%s); it stays on the broker",
-                self.app.service,
-                reason,
-            )
+            settle(self.app, delivery, outcome, handling, None)
+        except Exception as exc:
+            self._failed(message, reason, error, attempt, exc)
             return
         message.ack()
-        record_archived(self.app.service, str(headers.get("task") or ""), reason)
-        logger.error(
-            "archived a message service %r cannot run: reason=%s event=%s id=%s routing_key=%s: %s",
-            self.app.service,
-            reason,
-            headers.get("task"),
-            headers.get("id"),
-            delivered.routing_key,
-            failure.exception_message,
-        )
+
+    def _failed(self, message: Message, reason: Reason, error: Exception, attempt: int, exc: Exception) -> None:
+        about = f"a message service {self.app.service!r} cannot run ({reason}, id {message.headers.get('id')!r})"
+        if attempt < len(ARCHIVE_RETRY_DELAYS):
+            delay = ARCHIVE_RETRY_DELAYS[attempt]
+            logger.warning("could not archive %s: %s; trying again in %gs", about, describe(exc), delay)
+            self.timer.call_after(delay, self.archive, (message, reason, error, attempt + 1))
+            return
+        logger.error("could not archive %s: %s; returning it to its queue", about, describe(exc))
+        try:
+            message.reject(requeue=True)
+        except Exception:  # the channel is gone: the broker has it back already
+            logger.warning("could not return %s to its queue; the broker gets it back with the channel", about)
+
+
+def delivery_of_message(message: Message, service: str) -> Delivery:
+    """A raw message, kept byte for byte for the archive."""
+    info = message.delivery_info or {}
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
+    exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
+    return Delivery(
+        headers=headers,
+        queue=origin_queue(service, exchange, routing_key),
+        exchange=exchange,
+        routing_key=routing_key,
+        raw_body=body,
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+    )
 
 
 def origin_queue(service: str, exchange: str, routing_key: str) -> str:
@@ -187,11 +134,35 @@ def origin_queue(service: str, exchange: str, routing_key: str) -> str:
         return ""
 
 
-def _nothing() -> None:
-    pass
+def cannot_run(message: Message, app: EventsApp) -> tuple[Reason, Exception] | None:
+    """Why a worker of ``app`` cannot run ``message`` at all (it archives it with that reason), if it cannot."""
+    try:
+        body = message.decode()
+    except ContentDisallowed as exc:
+        return Reason.FORBIDDEN_CONTENT_TYPE, exc
+    except Exception as exc:
+        return Reason.UNDECODABLE, exc
+    if not is_task_body(body):
+        return Reason.UNDECODABLE, InvalidTaskError("the body is not a Celery task body [args, kwargs, embed]")
+    name = (message.headers or {}).get("task")
+    if not name:
+        return Reason.UNDECODABLE, not_an_event()
+    if name not in app.tasks:
+        return Reason.UNKNOWN_EVENT, unknown_event(app.service, name)
+    return None
 
 
-def _is_task_body(body: Any) -> bool:
+def not_an_event() -> Exception:
+    error: Exception = InvalidTaskError("no 'task' header: not an event")
+    return error
+
+
+def unknown_event(service: str, name: object) -> Exception:
+    return LookupError(f"service {service!r} has no handler for event {name!r}")
+
+
+def is_task_body(body: Any) -> bool:
+    """Is ``body`` a Celery protocol-2 task body, ``[args, kwargs, embed]``?"""
     return (
         isinstance(body, (list, tuple))
         and len(body) == 3
@@ -201,31 +172,58 @@ def _is_task_body(body: Any) -> bool:
     )
 
 
-class EventRequest(Request):
-    """Celery's worker-side request for a handler's message, counting pool processes lost exactly.
+class InboxPruning(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer step: prune the inboxes (and SQL dedup stores) of this service's handlers now and then."""
 
-    When the pool process running a message dies, Celery requeues the
-    message (``task_reject_on_worker_lost``); the broker would then count
-    every return alike, also those of messages a dying worker had only
-    prefetched. The main process knows which message its lost child was
-    running, so it handles that one: run again, or archive after
-    ``amqp_events_max_deliveries`` losses, then ack.
-    """
+    label = "amqp-events inbox pruning"
+    requires = ("celery.worker.consumer.connection:Connection",)
 
-    task: EventHandler
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.timer_entry: Any = None
+        self.thread: threading.Thread | None = None
 
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
-        exc = exc_info.exception
-        if isinstance(exc, ExceptionWithTraceback):
-            exc = exc.exc
-        if not (isinstance(exc, WorkerLostError) and self.task.acks_late):
-            return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-        task_ready(self)
+    def start(self, c: Any) -> None:
+        stores = {id(store): store for task in c.app.tasks.values() for store in _prunable(task)}
+        if not stores or self.timer_entry is not None:
+            return
+        settings = c.app.events_settings
+        if settings.inbox_retention < longest_life_of_a_duplicate(settings):
+            logger.warning(
+                "amqp_events_inbox_retention (%gs) is shorter than a duplicate may live (%gs: every retry delay, "
+                "then the archive's TTL): a late duplicate would run again",
+                settings.inbox_retention,
+                longest_life_of_a_duplicate(settings),
+            )
+        self.timer_entry = c.timer.call_repeatedly(
+            settings.inbox_prune_interval, self.prune, (list(stores.values()), settings.inbox_retention)
+        )
+
+    def stop(self, c: Any) -> None:
+        if self.timer_entry is not None:
+            self.timer_entry.cancel()
+            self.timer_entry = None
+
+    shutdown = stop
+
+    def prune(self, stores: list[Any], retention: float) -> None:
+        """Prune in a thread: the event loop must never wait for a database."""
+        if self.thread is not None and self.thread.is_alive():
+            return
+        self.thread = threading.Thread(target=_prune, args=(stores, retention), daemon=True, name="amqp-events-prune")
+        self.thread.start()
+
+
+def _prunable(task: Any) -> list[Any]:
+    return [store for store in (getattr(task, "inbox", None), getattr(task, "dedup", None)) if hasattr(store, "prune")]
+
+
+def _prune(stores: list[Any], retention: float) -> None:
+    for store in stores:
         try:
-            self.task.after_worker_lost(Delivery.of(self))
-        except Exception:
-            logger.exception("could not handle the loss of the process running %s; requeueing it", self.id)
-            self.reject(requeue=True)
-            return None
-        self.acknowledge()
-        return None
+            pruned = store.prune(time.time() - retention)
+        except Exception as exc:
+            logger.warning("could not prune an inbox: %s", describe(exc))
+        else:
+            if pruned:
+                logger.info("pruned %d key(s) older than %gs from an inbox", pruned, retention)

@@ -14,7 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import scenarios
+from amqp_events.testing.cluster import LocalCluster
+from amqp_events.testing.postgres import LocalPostgres
+from amqp_events.testing.redis import LocalRedis
+from bench import cluster as cluster_bench
+from bench import in_process, outbox, scenarios
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
 
@@ -52,6 +56,27 @@ def main() -> int:
         if wanted("fan_out"):
             one_service = one_service or scenarios.drain(bench, size, "ours", "solo", 1)
             results.append(scenarios.fan_out(bench, size, one_service))
+        if wanted("celery_line"):
+            results.append(scenarios.solo_on_each_celery_line(bench, size))
+        if wanted("outbox"):
+            with LocalPostgres() as postgres:
+                for shape in ("minimal", "typical"):
+                    results.append(outbox.commit_and_fire(bench, postgres, size, shape))
+                results.append(outbox.relay_throughput(bench, postgres, size))
+                results.append(outbox.commit_to_publish_latency(bench, postgres, size, Path(workdir)))
+        if wanted("inbox"):
+            with LocalPostgres() as postgres, LocalRedis() as redis:
+                results += outbox.effect_throughput(bench, postgres, redis.url, size)
+        if wanted("cluster"):
+            cluster = LocalCluster(Path(workdir) / "cluster", 3)
+            cluster.start()
+            try:
+                results += cluster_bench.cluster_against_one_node(bench, cluster, size)
+                results.append(cluster_bench.recovery_after_a_node_kill(bench, cluster, size))
+            finally:
+                cluster.stop()
+        if wanted("test_module"):
+            results.append(in_process.a_test_module(bench, size))
         if wanted("memory"):
             results.append(scenarios.memory_while_waiting(bench, size))
         if wanted("accuracy"):

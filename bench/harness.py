@@ -16,13 +16,16 @@ from pathlib import Path
 
 from kombu import Connection
 
-from amqp_events.local_broker import LocalBroker
-from amqp_events.worker_process import WorkerProcess, worker_argv
+from amqp_events.testing.broker import LocalBroker
+from amqp_events.testing.cluster import LocalCluster
+from amqp_events.testing.workers import WorkerProcess, worker_argv
 
 BENCH = Path(__file__).resolve().parent
 APPS = BENCH / "apps"
 LEGACY_VENV = BENCH / ".legacy-venv"
 LEGACY_VERSION = "0.1.0"
+#: The oldest supported Celery minor line (the newest is the one installed in .venv).
+OLDEST_CELERY_LINE = "5.5"
 #: Same for every library so that only the library differs.
 PREFETCH_MULTIPLIER = "16"
 
@@ -75,7 +78,13 @@ class Run:
 
     @contextlib.contextmanager
     def worker(
-        self, app: str, pool: str = "solo", concurrency: int = 1, python: str = sys.executable, service: str = "bench"
+        self,
+        app: str,
+        pool: str = "solo",
+        concurrency: int = 1,
+        python: str = sys.executable,
+        service: str = "bench",
+        env: dict[str, str] | None = None,
     ) -> Iterator[WorkerProcess]:
         name = f"{app}-{service}-{pool}-{uuid.uuid4().hex[:6]}"
         argv = worker_argv(
@@ -83,7 +92,7 @@ class Run:
         )
         argv[0] = python
         log = self.workdir / f"{name}.log"
-        worker = WorkerProcess(argv, self.env(service), APPS, log).start()
+        worker = WorkerProcess(argv, {**self.env(service), **(env or {})}, APPS, log).start()
         try:
             worker.wait_ready(120)
             yield worker
@@ -106,13 +115,15 @@ class Bench:
         self.node.stop()
 
     @contextlib.contextmanager
-    def run(self, name: str) -> Iterator[Run]:
+    def run(self, name: str, broker: LocalBroker | LocalCluster | None = None) -> Iterator[Run]:
+        """A vhost of its own on the benchmark node (or on ``broker``, a cluster) for one measurement."""
+        broker = broker or self.node
         vhost = f"{name}-{uuid.uuid4().hex[:8]}"
-        self.node.management.create_vhost(vhost)
+        broker.management.create_vhost(vhost)
         try:
-            yield Run(self.node.vhost_url(vhost), vhost, self.workdir / f"{vhost}.marks", self.workdir)
+            yield Run(broker.vhost_url(vhost), vhost, self.workdir / f"{vhost}.marks", self.workdir)
         finally:
-            self.node.management.delete_vhost(vhost)
+            broker.management.delete_vhost(vhost)
 
 
 def throughput(marks: list[dict], count: int) -> float:
@@ -156,6 +167,19 @@ def legacy_python() -> str:
             check=True,
         )  # fmt: skip
     return str(python)
+
+
+def celery_line_python(line: str) -> str:
+    """The python of a virtualenv with this project and Celery ``line`` (made by scripts/venv-celery)."""
+    done = subprocess.run(
+        ["bash", str(BENCH.parent / "scripts" / "venv-celery"), line], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def celery_version(python: str) -> str:
+    done = subprocess.run([python, "-c", "import celery; print(celery.__version__)"], capture_output=True, text=True)
+    return done.stdout.strip()
 
 
 def legacy(run: Run, script: str, *args: str) -> dict:

@@ -10,7 +10,20 @@ from dataclasses import dataclass, field
 
 from kombu import Connection, Producer
 
-from bench.harness import APPS, Bench, Run, legacy, legacy_python, median, percentile, rss_kb, throughput
+from bench.harness import (
+    APPS,
+    OLDEST_CELERY_LINE,
+    Bench,
+    Run,
+    celery_line_python,
+    celery_version,
+    legacy,
+    legacy_python,
+    median,
+    percentile,
+    rss_kb,
+    throughput,
+)
 
 sys.path.insert(0, str(APPS))
 
@@ -29,10 +42,11 @@ class Size:
     background: int
     delayed_per_kind: int
     repeats: int
+    latency_samples: int
 
 
-QUICK = Size(3, 150, 2000, 2000, 1000, 500, 200, 1000, 3, 1)
-FULL = Size(9, 1000, 20000, 20000, 10000, 5000, 1000, 10000, 20, 3)
+QUICK = Size(3, 150, 2000, 2000, 1000, 500, 200, 1000, 3, 1, 30)
+FULL = Size(9, 1000, 20000, 20000, 10000, 5000, 1000, 10000, 20, 3, 200)
 
 
 @dataclass
@@ -74,7 +88,7 @@ def fire_one_at_a_time(bench: Bench, size: Size) -> Result:
             if n < 0:
                 raise ValueError("n must be >= 0")
 
-        template = app._event_message("bench.noop", [0], {}, None, None)
+        template = app.event_message("bench.noop", [0], {})
         connection = Connection(run.url, transport_options={"confirm_publish": True})
         producer = Producer(connection.default_channel)
 
@@ -143,8 +157,11 @@ def fire_in_a_batch(bench: Bench, size: Size) -> Result:
     )
 
 
-def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int) -> float:
-    """Events/s one worker handles, ``size.drain`` no-op events already waiting in its queue."""
+def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int, python: str = sys.executable) -> float:
+    """Events/s one worker handles, ``size.drain`` no-op events already waiting in its queue.
+
+    ``python``: the interpreter the worker runs with (another Celery line's virtualenv).
+    """
     with bench.run(f"drain-{library}") as run:
         if library == "ours":
             app = ours_app(run)
@@ -153,7 +170,7 @@ def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int) -
                 for n in range(size.drain):
                     app.fire("bench.noop", [n], {"last": n == size.drain - 1})
             app.close()
-            queue, python = "bench:bench.noop", sys.executable
+            queue = "bench:bench.noop"
         elif library in ("plain", "plain-quorum"):
             # plain-quorum: the same plain Celery on a quorum queue, to show what the queue type costs
             run.plain_queue_type = "quorum" if library == "plain-quorum" else "classic"
@@ -163,7 +180,7 @@ def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int) -
                 for n in range(size.drain):
                     plain.send_task("bench.noop", (n,), {"last": n == size.drain - 1}, producer=producer)
             plain.close()
-            queue, python = "plain", sys.executable
+            queue = "plain"
         else:
             python = legacy_python()
             with run.worker("legacy", python=python):
@@ -192,6 +209,34 @@ def end_to_end(bench: Bench, size: Size, pool: str, concurrency: int) -> Result:
         ">= 0.9x plain Celery, >= 1.0x 0.1.0",
         ratio >= 0.9 and ours >= legacy_rate,
         {"ours": ours, "plain Celery": plain, "0.1.0": legacy_rate, "plain Celery, quorum queue": quorum},
+    )
+
+
+def solo_on_each_celery_line(bench: Bench, size: Size) -> Result:
+    """The solo pool on the oldest and the newest supported Celery line, each against plain Celery of that line.
+
+    Celery queues a solo worker's acks for the event loop's next turn (``call_soon``, or ``call_soon_ack``
+    in 5.7) and the loop may first sleep in ``poll()`` for 10 s: the library sends them at once on every
+    line. A stall shows here as a rate far below plain Celery's.
+    """
+    rates: dict[str, tuple[float, float]] = {}
+    for python in (celery_line_python(OLDEST_CELERY_LINE), sys.executable):
+        version = celery_version(python)
+        ours = median([drain(bench, size, "ours", "solo", 1, python) for _ in range(size.repeats)])
+        plain = median([drain(bench, size, "plain-quorum", "solo", 1, python) for _ in range(size.repeats)])
+        rates[version] = (ours, plain)
+    worst = min(ours / plain for ours, plain in rates.values())
+    return Result(
+        f"handling {size.drain:,} waiting events with -P solo, on each supported Celery line",
+        "; ".join(f"Celery {version}: {ours:,.0f}/s" for version, (ours, _) in rates.items()),
+        "; ".join(
+            f"plain Celery {version} on a quorum queue: {plain:,.0f}/s ({ours / plain:.2f}x)"
+            for version, (ours, plain) in rates.items()
+        ),
+        worst,
+        ">= 0.8x plain Celery of the same line (no stall)",
+        worst >= 0.8,
+        {f"ours, Celery {version}": ours for version, (ours, _) in rates.items()},
     )
 
 

@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from amqp_events.archive import Archive  # noqa: E402
-from amqp_events.local_broker import LocalBroker  # noqa: E402
-from amqp_events.worker_process import WorkerProcess, worker_argv  # noqa: E402
+from amqp_events.testing.broker import LocalBroker  # noqa: E402
+from amqp_events.testing.workers import WorkerProcess, worker_argv  # noqa: E402
 
 SERVICES = {  # service -> (pool, concurrency)
     "orders": ("prefork", 2),

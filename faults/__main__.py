@@ -15,10 +15,16 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=10_000, help="events to fire (default 10,000)")
     parser.add_argument("--duration", type=float, help="seconds to fire them over (default: events / 60)")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--outbox", action="store_true", help="fire through the transactional outbox (PostgreSQL)")
+    parser.add_argument("--inbox", action="store_true", help="handlers write their effects through the inbox")
+    parser.add_argument("--cluster", type=int, default=0, metavar="N", help="a cluster of N nodes, killed in rotation")
     options = parser.parse_args()
     duration = options.duration or options.events / 60
     with tempfile.TemporaryDirectory(prefix="amqp-events-faults-") as workdir:
-        report = run(options.events, Path(workdir), duration, options.seed)
+        report = run(
+            options.events, Path(workdir), duration, options.seed,
+            outbox=options.outbox, inbox=options.inbox, cluster=options.cluster,
+        )  # fmt: skip
     print("| | |\n|---|---|")
     print(report.table())
     if report.lost:

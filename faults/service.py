@@ -4,6 +4,11 @@ Each handler notes every run in ``$JOURNAL`` before it returns or raises;
 20% of runs fail at random (retried on the broker), and the events marked
 poison always fail: ``retry`` ones until their retries run out,
 ``permanent`` ones at once.
+
+With ``INBOX_DB`` (inbox mode) each handler's effect is a row of the
+``effects`` table of that PostgreSQL database, written through the inbox:
+the row is written first, then the run fails or not, so that a failure
+rolls the row back with the inbox key.
 """
 
 import json
@@ -11,8 +16,11 @@ import os
 import random
 import time
 
+from sqlalchemy import create_engine, insert
+
 from amqp_events import PermanentFailure, current_event
 from amqp_events.celery import events_app
+from faults.effects import effects
 
 SERVICE = os.environ["SERVICE"]
 
@@ -27,6 +35,17 @@ app = events_app(
 )
 
 
+def inbox_of(url: str | None):  # type: ignore[no-untyped-def]
+    if not url:
+        return None
+    from amqp_events.inbox import Inbox
+
+    return Inbox(create_engine(url, pool_size=2))
+
+
+INBOX = inbox_of(os.environ.get("INBOX_DB"))
+
+
 class Flaky(RuntimeError):
     """A transient failure."""
 
@@ -38,7 +57,9 @@ def note(seq: int, outcome: str) -> None:
         journal.write(json.dumps({**line, "pid": os.getpid(), "time": time.time()}) + "\n")
 
 
-def handle(seq: int, poison: str = "") -> None:
+def handle(seq: int, poison: str = "", connection=None) -> None:  # type: ignore[no-untyped-def]
+    if connection is not None:
+        connection.execute(insert(effects).values(service=SERVICE, seq=seq, event_id=current_event().id))
     if poison == "permanent":
         note(seq, "failed")
         raise PermanentFailure(f"event {seq} can never succeed")
@@ -48,16 +69,21 @@ def handle(seq: int, poison: str = "") -> None:
     note(seq, "ok")
 
 
-@app.handler("fault.a")
-def on_a(seq: int, poison: str = "") -> None:
-    handle(seq, poison)
+def register(event: str) -> None:
+    """The handler of ``event``: plain, or taking the inbox's connection first in inbox mode."""
+    if INBOX is None:
+
+        def on_event(seq: int, poison: str = "") -> None:
+            handle(seq, poison)
+
+    else:
+
+        def on_event(connection, seq: int, poison: str = "") -> None:  # type: ignore[no-untyped-def]
+            handle(seq, poison, connection)
+
+    on_event.__name__ = on_event.__qualname__ = f"on_{event.rsplit('.', 1)[-1]}"
+    app.handler(event, inbox=INBOX)(on_event)
 
 
-@app.handler("fault.b")
-def on_b(seq: int, poison: str = "") -> None:
-    handle(seq, poison)
-
-
-@app.handler("fault.c")
-def on_c(seq: int, poison: str = "") -> None:
-    handle(seq, poison)
+for kind in ("fault.a", "fault.b", "fault.c"):
+    register(kind)

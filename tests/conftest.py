@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,23 @@ TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
 
 
+BARRIER = "barrier-"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests by the servers they use: ``broker``, ``cluster``, ``database``. ``-m "not broker"``: the fast tier."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        on_a_broker = getattr(item, "callspec", None) and item.callspec.params.get("mode") == "broker"  # contract
+        if "rabbitmq" in fixtures or "rabbitmq_cluster" in fixtures or on_a_broker:
+            item.add_marker(pytest.mark.broker)
+        if "rabbitmq_cluster" in fixtures:
+            item.add_marker(pytest.mark.cluster)
+            item.add_marker(pytest.mark.xdist_group("cluster"))  # one cluster, whichever test process runs them
+        if "postgres" in fixtures or "redis_server" in fixtures:
+            item.add_marker(pytest.mark.database)
+
+
 class Records:
     """The JSON lines test handlers append to ``$RECORD_FILE``."""
 
@@ -24,9 +44,15 @@ class Records:
         self.path = path
         path.touch()
 
-    def all(self, **match: Any) -> list[dict[str, Any]]:
+    def all(self, barriers: bool = False, **match: Any) -> list[dict[str, Any]]:
+        """Records matching ``match`` (the sentinels of :meth:`barrier` only with ``barriers=True``)."""
         lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        return [line for line in lines if all(line.get(key) == value for key, value in match.items())]
+        return [
+            line
+            for line in lines
+            if all(line.get(key) == value for key, value in match.items())
+            and (barriers or not str(line.get("tag", "")).startswith(BARRIER))
+        ]
 
     def wait(self, count: int, timeout: float = 30.0, **match: Any) -> list[dict[str, Any]]:
         """Wait until at least ``count`` records match; returns them."""
@@ -35,6 +61,35 @@ class Records:
             timeout,
             what=f"{count} records matching {match} (have {len(self.all(**match))})",
         )
+
+    def barrier(self, producer: EventsApp, services: tuple[str, ...], workers: int = 1, timeout: float = 30.0) -> None:
+        """Return once every message queued so far for ``services`` has been handled.
+
+        Fires ``test.ping`` sentinels (handled in queue order after everything
+        before them) until each service saw one on ``workers`` distinct worker
+        processes: instead of sleeping and hoping nothing more arrives.
+        """
+        deadline = time.monotonic() + timeout
+        sent = 0
+        while True:
+            sentinels = [line for line in self.all(barriers=True) if str(line.get("tag")).startswith(BARRIER)]
+            by_service = {service: [line for line in sentinels if line["service"] == service] for service in services}
+            if all(len({line["pid"] for line in lines}) >= workers for lines in by_service.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"barrier not reached in {timeout:g}s: sentinels handled {by_service}")
+            if all(len(lines) >= sent for lines in by_service.values()):  # the last sentinel arrived everywhere
+                producer.fire("test.ping", [f"{BARRIER}{sent}"], {})
+                sent += 1
+            time.sleep(0.05)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A SQLAlchemy URL of an empty database for the test: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shop.sqlite3'}"
+    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture
@@ -101,18 +156,44 @@ def cli(broker_url: str, monkeypatch: pytest.MonkeyPatch, rabbitmq: Any) -> Call
 @pytest.fixture
 def service_app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
     """``service_app("orders")``: the app of ``services/orders.py``, imported afresh for this test's vhost."""
-    import importlib
-
     monkeypatch.setenv("BROKER_URL", broker_url)
     apps = []
 
     def load(service: str) -> Any:
-        for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
-            del sys.modules[name]
-        app = importlib.import_module(f"services.{service}").app
-        apps.append(app)
-        return app
+        apps.append(load_service(service))
+        return apps[-1]
 
     yield load
     for app in apps:
         app.close()
+
+
+def load_service(service: str) -> Any:
+    """The app of ``services/<service>.py``, its module imported afresh (settings are read at import)."""
+    import importlib
+
+    for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
+        del sys.modules[name]
+    return importlib.import_module(f"services.{service}").app
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``{'name{labels}': value}`` from a /metrics endpoint (labels sorted as exposed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            found[name] = float(value)
+    return found
+
+
+def value(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the series of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for key, number in metrics.items():
+        series, _, rest = key.partition("{")
+        have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if series == name and all(have.get(k) == v for k, v in labels.items()):
+            total += number
+    return total

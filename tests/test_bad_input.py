@@ -5,13 +5,12 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from amqp.exceptions import NotFound
 from conftest import wait_archived
 from kombu import Connection
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
-
-pytestmark = pytest.mark.broker
 
 VALID_HEADERS = {"task": "test.ping", "id": "bad-1", "lang": "py", "retries": 0}
 
@@ -50,7 +49,7 @@ def test_a_message_that_cannot_be_decoded_is_archived_and_the_worker_goes_on(
     assert archived.reason == reason
     assert archived.body == body and archived.content_type == content_type  # kept byte for byte
     assert archived.queue == "orders:test.ping"
-    assert "cannot run: reason=" + reason in process.log()
+    wait_for(lambda: f"handler=- reason={reason}" in process.log(), 10, what="the archiving logged")
     producer.fire("test.ping", ["still serving"], {})
     records.wait(1)
     assert process.is_running()
@@ -69,7 +68,7 @@ def test_an_event_this_service_has_no_handler_for_is_archived_not_looped(worker,
     [archived] = wait_archived(archive_of("orders"), 1)
     assert archived.reason == Reason.UNKNOWN_EVENT and archived.event == "no.such.event"
     assert "no handler for event 'no.such.event'" in archived.exception_message
-    wait_for(lambda: "cannot run: reason=unknown_event" in process.log(), 5)
+    wait_for(lambda: "handler=- reason=unknown_event" in process.log(), 5)
 
 
 def test_arguments_that_do_not_fit_the_handler_are_archived(worker, producer, records, archive_of):
@@ -87,3 +86,33 @@ def test_a_typed_event_that_does_not_validate_is_archived(worker, producer, arch
     producer.fire("users.registered_model", [], {"user_id": "not-a-uuid", "email": "x"})
     [archived] = wait_archived(archive_of("orders"), 1)
     assert archived.reason == Reason.BAD_ARGUMENTS and "UserRegisteredModel" in archived.exception_message
+
+
+def archived_or_none(archive):
+    """The archive's messages; ``None`` while the queue does not exist (the worker declares it again)."""
+    try:
+        return archive.list()
+    except NotFound:
+        return None
+
+
+def test_a_message_whose_archiving_fails_is_retried_then_returned_to_its_queue_never_held(
+    worker, producer, broker_url, records, archive_of
+):
+    process = worker("orders", env={"PUBLISH_TIMEOUT": "1"})
+    with Connection(broker_url) as connection:  # an archive that refuses everything: publishes are nacked
+        channel = connection.default_channel
+        channel.queue_delete("orders.archive")
+        refuse_all = {"x-max-length": 0, "x-overflow": "reject-publish"}
+        channel.queue_declare("orders.archive", durable=True, auto_delete=False, arguments=refuse_all)
+    publish_raw(broker_url, b"{not json")
+    wait_for(lambda: "trying again in 1s" in process.log(), 15, what="a first retry of the archiving")
+    wait_for(lambda: "returning it to its queue" in process.log(), 30, what="the message returned to its queue")
+    with Connection(broker_url) as connection:  # the fix: the worker declares the archive again when it finds none
+        connection.default_channel.queue_delete("orders.archive")
+    wait_for(lambda: "reason=undecodable" in process.log(), 30, what="the message archived at last")
+    [archived] = wait_for(lambda: archived_or_none(archive_of("orders")), 30, what="the archive declared again")
+    assert archived.reason == Reason.UNDECODABLE and archived.body == b"{not json"
+    producer.fire("test.ping", ["still serving"], {})
+    records.wait(1)
+    assert process.is_running()

@@ -8,8 +8,6 @@ import pytest
 
 from amqp_events import TopologyMissing
 
-pytestmark = pytest.mark.broker
-
 
 def test_events_fired_in_a_batch_are_all_delivered_once(worker, producer, records):
     worker("orders")
@@ -27,7 +25,7 @@ def test_events_fired_in_a_batch_are_all_delivered_once(worker, producer, record
     assert batch.ids[:300] == returned and len(batch.ids) == 301
     seen = records.wait(300, timeout=60)
     assert sorted(record["id"] for record in seen) == sorted(returned)
-    time.sleep(0.5)
+    records.barrier(producer, ("orders",))
     assert len(records.all()) == 300
 
 

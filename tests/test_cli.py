@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -14,9 +17,7 @@ from conftest import TESTS, wait_archived
 from kombu import Connection
 
 from amqp_events.cli import main
-from amqp_events.local_broker import LocalBroker
-
-pytestmark = pytest.mark.broker
+from amqp_events.testing.broker import LocalBroker
 
 
 def fill(worker, producer, archive, tags, event="test.ping"):
@@ -61,10 +62,11 @@ def test_replay_after_a_fix_with_the_cli(worker, producer, records, archive_of, 
     result = cli("archive", "replay", "--yes")
     assert result.exit_code == 0, result.output
     assert "replayed 3 message(s)" in result.output
+    assert all(f"replayed {event_id}" in result.output for event_id in ids)
+    assert archive_of("orders").count() == 0
     for event_id in ids:
         records.wait(2, id=event_id)
-    time.sleep(1)
-    assert archive_of("orders").count() == 0
+    records.barrier(producer, ("orders",))
     assert all(len(records.all(id=event_id)) == 2 for event_id in ids)
 
 
@@ -95,13 +97,12 @@ def test_a_replay_killed_between_publish_and_ack_loses_nothing(worker, producer,
     archive = archive_of("orders")
     ids = fill(worker, producer, archive, ["a", "b"])
     process.stop()
-    # The replay process dies right after the broker confirmed the first replacement, before its ack.
+    # The replay process dies right after the broker confirmed the first replacement, before its removal.
     script = (
         "import os, signal\n"
-        "import amqp_events.archive as archive\n"
-        "archive._acker = lambda channel, tag: (lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
-        "from amqp_events.cli import main\n"
-        "main(['-A', 'services.orders', 'archive', 'replay', '--yes'])\n"
+        "from amqp_events.archive import Archive\n"
+        "from services.orders import app\n"
+        "Archive(app).replay(on_replayed=lambda archived: os.kill(os.getpid(), signal.SIGKILL))\n"
     )
     env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=TESTS, timeout=60, capture_output=True)
@@ -172,6 +173,7 @@ def test_expected_failures_are_one_line_and_a_non_zero_status(cli):
     assert len(missing.output.strip().splitlines()) == 1
 
 
+@pytest.mark.broker  # starts a node of its own
 def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
     runner = CliRunner()
     directory = str(tmp_path / "node")
@@ -179,9 +181,72 @@ def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
     assert started.exit_code == 0, started.output
     assert "amqp://guest:guest@127.0.0.1:" in started.output
     node = LocalBroker(directory)
-    pids = [node.state.server_pid, node.state.epmd_pid, node._beam_pid()]
+    pids = [node.state.server_pid, node.state.epmd_pid, node.beam_pid()]
     assert all(os.path.exists(f"/proc/{pid}") for pid in pids)
     assert runner.invoke(main, ["broker", "status", "--dir", directory]).exit_code == 0
     assert runner.invoke(main, ["broker", "stop", "--dir", directory]).exit_code == 0
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
     assert runner.invoke(main, ["broker", "status", "--dir", directory]).exit_code == 3
+
+
+def read_until(fd: int, text: str, timeout: float = 30.0) -> str:
+    """What a terminal shows until ``text`` appears (or the program ends)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in seen:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"{text!r} did not appear within {timeout:g}s; the terminal showed:\n{seen.decode()}")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        try:
+            chunk = os.read(fd, 4096) if ready else b""
+        except OSError:  # the program ended and closed the terminal
+            break
+        if ready and not chunk:
+            break
+        seen += chunk
+    return seen.decode(errors="replace")
+
+
+def test_purge_deletes_exactly_what_was_shown_and_confirmed(worker, producer, archive_of, broker_url):
+    worker("orders")
+    archive = archive_of("orders")
+    shown = fill(worker, producer, archive, ["a", "b"])
+    terminal, its_end = pty.openpty()
+    purge = subprocess.Popen(
+        [str(Path(sys.executable).parent / "amqp-events"), "-A", "services.orders", "archive", "purge"],
+        stdin=its_end,
+        stdout=its_end,
+        stderr=its_end,
+        cwd=TESTS,
+        env={**os.environ, "BROKER_URL": broker_url},
+        start_new_session=True,
+    )
+    os.close(its_end)
+    try:
+        prompt = read_until(terminal, "for good? [y/N]")
+        assert all(f"to purge {event_id}" in prompt for event_id in shown)
+        late = producer.fire("test.ping", ["late"], {"how": {"permanent": True}})  # archived while it asks
+        wait_archived(archive, 3)
+        os.write(terminal, b"y\n")
+        answer = read_until(terminal, "message(s)")
+        assert purge.wait(30) == 0
+    finally:
+        if purge.poll() is None:
+            purge.kill()
+        os.close(terminal)
+    assert [entry.id for entry in archive.list()] == [late]
+    assert all(f"purged {event_id}" in answer for event_id in shown) and late not in answer
+
+
+def test_a_confirmed_run_reports_the_ids_it_acted_on(worker, producer, archive_of, cli):
+    worker("orders")
+    ids = fill(worker, producer, archive_of("orders"), ["a", "b", "c"])
+    result = cli("archive", "purge", "--limit", "2", "--yes")
+    assert result.exit_code == 0, result.output
+    assert [line for line in result.output.splitlines() if line.startswith("purged ")] == [
+        f"purged {ids[0]}",
+        f"purged {ids[1]}",
+        "purged 2 message(s)",
+    ]
+    assert [entry.id for entry in archive_of("orders").list()] == [ids[2]]

@@ -14,7 +14,7 @@ import pytest
 
 from amqp_events.testing import wait_for
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.slow]  # each run starts a node of its own
 
 DEMO = Path(__file__).parent.parent / "examples" / "demo.py"
 

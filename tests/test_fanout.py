@@ -11,8 +11,6 @@ import pytest
 from amqp_events import DuplicateHandler, events_app
 from amqp_events.topology import event_queue_name
 
-pytestmark = pytest.mark.broker
-
 
 def test_each_subscribed_service_gets_each_event_once(worker, producer, records):
     worker("orders")
@@ -21,7 +19,7 @@ def test_each_subscribed_service_gets_each_event_once(worker, producer, records)
     for service in ("orders", "shipping"):
         seen = records.wait(20, service=service)
         assert sorted(record["id"] for record in seen) == sorted(ids)
-    time.sleep(1)  # nothing more may arrive
+    records.barrier(producer, ("orders", "shipping"))  # nothing more may arrive
     assert len(records.all()) == 40
 
 
@@ -31,7 +29,7 @@ def test_two_workers_of_one_service_share_the_events_without_duplicates(worker, 
     seen = records.wait(40, service="orders")
     assert sorted(record["id"] for record in seen) == sorted(ids)
     assert {record["pid"] for record in seen} == {first.pid, second.pid}
-    time.sleep(1)
+    records.barrier(producer, ("orders",), workers=2)
     assert len(records.all()) == 40
 
 

@@ -6,9 +6,8 @@ import pytest
 
 from faults.scenario import run
 
-pytestmark = pytest.mark.broker
 
-
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_nothing_is_lost_under_worker_kills_a_broker_crash_and_bad_input(tmp_path, rabbitmq):
     if rabbitmq.node is None:
@@ -22,3 +21,41 @@ def test_nothing_is_lost_under_worker_kills_a_broker_crash_and_bad_input(tmp_pat
     assert report.leftover == {}
     assert report.archived["undecodable"] >= 9 and report.archived["forbidden_content_type"] >= 3
     assert report.refused_bad_inputs == 1  # above the broker's max message size: refused at publish time
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_through_the_outbox_committed_events_all_arrive_and_rolled_back_ones_never(tmp_path, rabbitmq):
+    if rabbitmq.node is None:
+        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
+    report = run(events=1000, workdir=tmp_path, duration=40, deadline=240, outbox=True)
+    print("\n| | |\n|---|---|\n" + report.table())
+    assert report.confirmed == 900 and report.rolled_back == 100 and report.phantoms == []
+    assert report.fire_errors == 0  # writing to the outbox never waits for the broker
+    assert report.broker_restarts == 1 and report.worker_kills + report.relay_kills >= 5
+    assert report.lost == [] and report.outbox_left == 0 and report.leftover == {}
+    assert report.archive_missing == [] and report.archive_unexpected == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_through_the_inbox_every_effect_happens_exactly_once(tmp_path, rabbitmq):
+    if rabbitmq.node is None:
+        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
+    report = run(events=1000, workdir=tmp_path, duration=40, deadline=240, inbox=True)
+    print("\n| | |\n|---|---|\n" + report.table())
+    assert report.broker_restarts == 1 and report.worker_kills >= 5
+    assert report.lost == [] and report.duplicate_effects == 0 and report.leftover == {}
+    assert report.archive_missing == [] and report.archive_unexpected == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_on_a_cluster_whose_nodes_die_in_turn_nothing_is_lost(tmp_path, rabbitmq):
+    if rabbitmq.node is None:
+        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
+    report = run(events=1000, workdir=tmp_path, duration=40, deadline=240, cluster=3)
+    print("\n| | |\n|---|---|\n" + report.table())
+    assert report.confirmed == 1000 and report.node_kills >= 2 and report.worker_kills >= 5
+    assert report.lost == [] and report.leftover == {}
+    assert report.archive_missing == [] and report.archive_unexpected == []

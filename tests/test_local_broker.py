@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import socket
 
-from amqp_events.local_broker import _ephemeral_range, free_ports
+from amqp_events.testing.broker import ephemeral_range, free_ports
 
 
-def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range():
-    low, high = _ephemeral_range()
+def test_free_ports_are_distinct_bindable_and_outside_theephemeral_range():
+    low, high = ephemeral_range()
     ports = free_ports(5)
     assert len(set(ports)) == 5
     assert not any(low <= port <= high for port in ports)  # no outgoing connection can take them meanwhile

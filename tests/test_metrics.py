@@ -2,39 +2,12 @@
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
 import pytest
-from conftest import wait_archived
+from conftest import scrape, value, wait_archived
 
-from amqp_events.local_broker import free_port
 from amqp_events.metrics.exporter import Exporter
 from amqp_events.testing import wait_for
-
-pytestmark = pytest.mark.broker
-
-
-def scrape(port: int) -> dict[str, float]:
-    """``{'name{labels}': value}`` from a /metrics endpoint (labels sorted as exposed)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    found = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            found[name] = float(value)
-    return found
-
-
-def value(metrics: dict[str, float], name: str, **labels: str) -> float:
-    """Sum of the series of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for key, number in metrics.items():
-        series, _, rest = key.partition("{")
-        have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-        if series == name and all(have.get(k) == v for k, v in labels.items()):
-            total += number
-    return total
+from amqp_events.testing.broker import free_port
 
 
 @pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("prefork", 2)])
@@ -134,3 +107,17 @@ def test_a_worker_removes_the_metrics_directory_it_made_when_it_stops(worker, tm
     assert made()
     assert process.stop() == 0
     assert made() == []
+
+
+def test_an_unreachable_broker_counts_as_a_collection_error_and_keeps_the_queues(worker, service_app):
+    worker("orders").stop()  # its queues exist
+    app = service_app("orders")
+    exporter = Exporter(app, None, interval=3600)  # passive declares; collected by hand below
+    exporter.collect_once()
+    collected = {stats.name for stats in exporter.queues}
+    assert "orders:test.ping" in collected and exporter.errors == 0
+    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:9//"  # connection refused from now on
+    exporter.collect_once()
+    assert {stats.name for stats in exporter.queues} == collected  # no queue reads as gone
+    errors = {family.name: family for family in exporter.collect()}["amqp_events_exporter_collection_errors"]
+    assert errors.samples[0].value == 1

@@ -15,10 +15,10 @@ import yaml
 from conftest import wait_archived
 
 from amqp_events import events_app
-from amqp_events.local_broker import free_port
 from amqp_events.metrics import instruments
 from amqp_events.metrics.exporter import Exporter
 from amqp_events.testing import wait_for
+from amqp_events.testing.broker import free_port
 
 MONITORING = Path(__file__).parent.parent / "monitoring"
 PROMTOOL = shutil.which("promtool")
@@ -37,7 +37,7 @@ def test_the_alert_rules_are_valid_and_pass_their_unit_tests():
 
 def exported_names() -> set[str]:
     """Every metric family name the library exports: worker and producer instruments, and the exporter's."""
-    names = {metric._name for metric in instruments().values()}
+    names = {family.name for metric in instruments().values() for family in metric.describe()}
     exporter = Exporter(events_app("orders"), None)
     names |= {family.name for family in exporter.collect()}
     return names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -10,13 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from amqp_events.cli import main
 from amqp_events.testing import wait_for
-
-pytestmark = pytest.mark.broker
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -50,6 +48,23 @@ def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
     assert fired.returncode == 0, fired.stderr
     wait_for(lambda: "invoice 42 paid: 10.00" in workers["orders"].log(), 20, what="orders' handler output")
     wait_for(lambda: "courier booked for invoice 42" in workers["shipping"].log(), 20, what="shipping's output")
+
+
+def test_the_in_process_testing_examples_pass_as_written_without_a_broker(tmp_path):
+    files = code_blocks()
+    tests = {"tests/conftest.py", "tests/test_invoices.py", "tests/test_payments.py"}
+    assert tests <= set(files)
+    for name in (*tests, "orders/celery.py", "orders/handlers.py", "shipping/celery.py"):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[name])  # README_BROKER as written: nothing listens there, nothing may connect
+    for package in ("orders", "shipping"):
+        (tmp_path / package / "__init__.py").write_text("")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    ran = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "3 passed" in ran.stdout
 
 
 def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_url, monkeypatch):
@@ -97,3 +112,81 @@ def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_u
         what="the replayed message handled",
     )
     assert [line["id"] for line in handled] == [event_id]
+
+
+README_DATABASE = "postgresql+psycopg://shop@localhost/shop"
+
+
+def test_the_outbox_example_works_as_written(tmp_path, start_worker, broker_url, postgres_url):
+    files = code_blocks()
+    for name in ("orders/celery.py", "orders/handlers.py", "shop/celery.py", "shop/checkout.py"):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[name].replace(README_BROKER, broker_url).replace(README_DATABASE, postgres_url))
+        (path.parent / "__init__.py").touch()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    init, relay = [
+        shlex.split(line.strip())
+        for line in section("Outbox: events in your database transaction").splitlines()
+        if line.strip().startswith("amqp-events -A shop.celery outbox")
+    ]
+    amqp_events = str(Path(sys.executable).parent / "amqp-events")
+    done = subprocess.run([amqp_events, *init[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    relaying = subprocess.Popen([amqp_events, *relay[1:]], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        pay = "from shop.checkout import Base, engine, pay; Base.metadata.create_all(engine); pay(42, '10.00')"
+        paid = subprocess.run(
+            [sys.executable, "-c", pay], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert paid.returncode == 0, paid.stderr
+        wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler of the paid invoice")
+    finally:
+        relaying.terminate()
+        _, said = relaying.communicate(timeout=30)
+    assert relaying.returncode == 0, said
+
+
+def test_the_exactly_once_examples_work_as_written(
+    tmp_path, start_worker, broker_url, postgres_url, redis_url, producer
+):
+    files = code_blocks()
+    replacements = {
+        README_BROKER: broker_url,
+        "postgresql+psycopg://payments@localhost/payments": postgres_url,
+        "redis://localhost:6379/0": redis_url,
+    }
+    for name in ("payments/celery.py", "mailer/celery.py"):
+        text = files[name]
+        for written, real in replacements.items():
+            text = text.replace(written, real)
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        (path.parent / "__init__.py").touch()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    [init] = [
+        shlex.split(line.strip())
+        for line in section("Exactly-once effects").splitlines()
+        if line.strip().startswith("amqp-events -A payments.celery inbox init")
+    ]
+    amqp_events = str(Path(sys.executable).parent / "amqp-events")
+    made = "from payments.celery import Base, sessions; Base.metadata.create_all(sessions.kw['bind'])"
+    for command in ([amqp_events, *init[1:]], [sys.executable, "-c", made]):
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    payments = start_worker("payments.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    mailer = start_worker("mailer.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    message = producer.event_message("billing.invoice.paid", [42, "10.00"], {})
+    for _ in range(2):  # delivered twice, as after a lost ack
+        producer.transport.publish(message)
+    for worker in (payments, mailer):
+        wait_for(lambda worker=worker: "duplicate skipped" in worker.log(), 30, what="the second copy skipped")
+    assert mailer.log().count("receipt for invoice 42 sent") == 1
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(postgres_url)
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM payments")).scalar_one() == 1
+    engine.dispose()

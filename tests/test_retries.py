@@ -10,8 +10,6 @@ from conftest import wait_archived
 
 from amqp_events import Reason
 
-pytestmark = pytest.mark.broker
-
 
 def gaps(records: list[dict]) -> list[float]:
     times = sorted(record["time"] for record in records)
@@ -24,7 +22,7 @@ def test_failures_are_retried_with_exponential_backoff_never_early(worker, produ
     runs = records.wait(4, service="orders")
     assert [run["attempt"] for run in runs] == [1, 2, 3, 4]
     for gap, delay in zip(gaps(runs), [1, 2, 4], strict=True):
-        assert delay <= gap < delay + 2.5, gaps(runs)
+        assert gap >= delay, gaps(runs)  # never early
 
 
 def test_a_retry_reaches_only_the_service_that_failed(worker, producer, records):
@@ -32,7 +30,7 @@ def test_a_retry_reaches_only_the_service_that_failed(worker, producer, records)
     worker("shipping")
     producer.fire("test.ping", ["once"], {"how": {"fail_times": 2, "only": "orders"}})
     records.wait(3, service="orders")
-    time.sleep(1.5)
+    records.barrier(producer, ("shipping",))  # a misrouted retry would be in shipping's queue by now
     assert len(records.all(service="shipping")) == 1
     assert len(records.all(service="orders")) == 3
 
@@ -66,7 +64,7 @@ def test_retry_with_a_countdown_waits_that_long_on_the_broker(worker, producer, 
     worker("orders")
     producer.fire("test.ping", ["later"], {"how": {"countdown": 5}})
     first, second = records.wait(2, service="orders")
-    assert 5 <= second["time"] - first["time"] < 7.5
+    assert second["time"] - first["time"] >= 5
 
 
 def test_an_event_fired_with_a_countdown_reaches_every_subscriber_after_it(worker, producer, records):
@@ -77,8 +75,8 @@ def test_an_event_fired_with_a_countdown_reaches_every_subscriber_after_it(worke
     runs = records.wait(2)
     assert {run["service"] for run in runs} == {"orders", "shipping"}
     for run in runs:
-        assert run["id"] == event_id and 3 <= run["time"] - fired < 5.5
-    time.sleep(1)
+        assert run["id"] == event_id and run["time"] - fired >= 3
+    records.barrier(producer, ("orders", "shipping"))
     assert len(records.all()) == 2
 
 
@@ -97,3 +95,12 @@ def test_a_rejected_message_is_counted_retried_and_archived_never_lost(worker, p
     assert archived.id == event_id and archived.reason == Reason.MAX_RETRIES
     assert archived.exception_type.endswith("Rejected")
     assert [run["attempt"] for run in records.all(id=event_id)] == [1, 2, 3]
+
+
+def test_retry_options_it_cannot_honour_are_a_clear_error(worker, producer, archive_of):
+    worker("orders", env={"HANDLER_MAX_RETRIES": "0"})
+    how = {"retry_with": {"countdown": 1, "priority": 5, "queue": "elsewhere"}}
+    event_id = producer.fire("test.orders_only", ["options"], {"how": how})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.id == event_id and archived.exception_type == "builtins.TypeError"
+    assert "priority, queue" in archived.exception_message and "self.retry()" in archived.exception_message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_events import events_app
+from amqp_events import SettingsFrozen, events_app
 from amqp_events.settings import Settings, environment_defaults
 
 
@@ -46,3 +46,31 @@ def test_bad_values_are_clear_errors(monkeypatch):
         environment_defaults()
     with pytest.raises(ValueError, match="max_retries"):
         Settings(max_retries=-1)
+
+
+def test_settings_may_change_until_the_app_first_needs_them_then_changes_raise():
+    app = events_app("orders", amqp_events_max_retries=2)
+    app.conf.amqp_events_max_retries = 4
+    app.conf.update(amqp_events_backoff_base=2.0)
+    app.config_from_object({"amqp_events_archive_max_length": 5})
+    settings = app.events_settings  # read now, as by a first fire or a worker's start
+    assert (settings.max_retries, settings.backoff_base, settings.archive_max_length) == (4, 2.0, 5)
+    with pytest.raises(SettingsFrozen, match="amqp_events_max_retries cannot change now"):
+        app.conf.amqp_events_max_retries = 5
+    with pytest.raises(SettingsFrozen, match="amqp_events_exchange"):
+        app.conf.update(amqp_events_exchange="elsewhere", task_acks_late=True)
+    with pytest.raises(SettingsFrozen, match="amqp_events_archive_max_length"):
+        app.config_from_object({"amqp_events_archive_max_length": 6})
+    app.conf.amqp_events_max_retries = 4  # the value it already has
+    app.conf.task_default_priority = 3  # Celery's own settings are Celery's business
+    assert app.events_settings is settings
+
+
+def test_a_setting_changed_after_creation_reaches_the_broker(broker_url, rabbitmq, vhost):
+    app = events_app("tests", broker_url=broker_url)
+    app.conf.amqp_events_exchange = "company.events"
+    app.fire("test.ping", ["x"], {})
+    assert "company.events" in {exchange["name"] for exchange in rabbitmq.management.exchanges(vhost)}
+    with pytest.raises(SettingsFrozen):
+        app.conf.amqp_events_exchange = "events"
+    app.close()

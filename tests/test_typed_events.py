@@ -7,7 +7,7 @@ import uuid
 import pytest
 from services import catalog
 
-pytestmark = pytest.mark.broker
+from amqp_events import events_app
 
 
 def test_dataclass_event_round_trip(worker, producer, records):
@@ -41,3 +41,26 @@ def test_event_on_a_plain_class_is_refused(producer):
         @producer.event("x.y")
         class NotAnEvent:
             pass
+
+
+def test_each_app_fires_its_own_event_made_of_one_shared_class(worker, producer, broker_url, records):
+    worker("orders")
+    other = events_app("accounts", broker_url=broker_url)
+    Mine = producer.event("users.registered")(catalog.UserRegistered)
+    Theirs = other.event("users.registered")(catalog.UserRegistered)
+    Mine(user_id=1, email="a@example.com").fire()
+    Theirs(user_id=2, email="b@example.com").fire()
+    assert records.wait(1, tag="user-1")[0]["fired_by"] == "tests"
+    assert records.wait(1, tag="user-2")[0]["fired_by"] == "accounts"
+    other.close()
+
+
+@pytest.mark.parametrize("shared", [catalog.UserRegistered, catalog.UserRegisteredModel])
+def test_making_an_event_of_a_class_leaves_the_class_as_it_was(shared):
+    first, second = events_app("billing"), events_app("accounts")
+    One = first.event("users.registered")(shared)
+    Two = second.event("users.registered")(shared)
+    assert not hasattr(shared, "fire") and not hasattr(shared, "event_name")
+    assert (One.event_app, Two.event_app) == (first, second) and One is not Two
+    assert issubclass(One, shared) and One.__name__ == shared.__name__ and One.__qualname__ == shared.__qualname__
+    assert One.event_name == "users.registered"

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from conftest import wait_archived
 
 from amqp_events import Reason
-
-pytestmark = pytest.mark.broker
 
 
 def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(worker, producer, records, archive_of):
@@ -46,3 +43,13 @@ def test_killed_children_cost_only_the_message_they_ran(worker, producer, record
     for event_id in ids:
         records.wait(1, id=event_id)
     assert archive_of("orders").count() == 1
+
+
+def test_a_handler_that_exits_its_prefork_child_is_counted_as_a_lost_run(worker, producer, records, archive_of):
+    """A SystemExit from the handler ends its pool process: each Celery line reports it its own way."""
+    process = worker("orders", pool="prefork", concurrency=1)
+    event_id = producer.fire("test.ping", ["exit"], {"how": {"exit": True}})
+    [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
+    assert archived.id == event_id and archived.reason == Reason.WORKER_LOST and archived.attempts == 3
+    assert len(records.all(id=event_id)) == 3
+    assert process.is_running()

@@ -7,8 +7,8 @@ from kombu import Connection
 
 from amqp_events import TopologyMismatch, events_app
 from amqp_events.declare import declare_topology
-
-pytestmark = pytest.mark.broker
+from amqp_events.settings import Settings
+from amqp_events.topology import PLACEMENT, service_topology
 
 
 def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):
@@ -54,3 +54,19 @@ def test_topology_mismatch_names_queue_argument_values_and_fix(broker_url):
     assert error.value.name == "orders.archive" and error.value.argument == "x-max-length"
     app.close()
     changed.close()
+
+
+def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker, broker_url, cli):
+    """0.2 declared quorum queues without the arguments that place replicas: upgrading must not stop workers."""
+    [queue] = service_topology("orders", ["test.ping"], Settings()).event_queues
+    earlier = {key: value for key, value in queue.queue_arguments.items() if key not in PLACEMENT}
+    with Connection(broker_url) as connection:
+        connection.default_channel.queue_declare(queue.name, durable=True, auto_delete=False, arguments=earlier)
+    process = worker("orders")
+    assert "were kept as they are" in process.log() and "orders:test.ping" in process.log()
+    checked = cli("topology", "check")
+    assert checked.exit_code == 0, checked.output
+    assert (
+        "note queue 'orders:test.ping': created without x-quorum-initial-group-size, x-queue-leader-locator"
+        in checked.output
+    )

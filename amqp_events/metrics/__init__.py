@@ -91,6 +91,27 @@ def instruments() -> dict[str, Any]:
             PREFIX + "handlers_in_progress", "Handlers running right now.", ["service", "handler"],
             multiprocess_mode="livesum",
         ),
+        "duplicates": Counter(
+            PREFIX + "duplicates_skipped", "Deliveries skipped because the handler's effect had happened already.",
+            ["service", "handler"],
+        ),
+        "outbox_published": Counter(
+            PREFIX + "outbox_published", "Outbox rows a relay published (confirmed) and deleted.", ["service"]
+        ),
+        "outbox_failed": Counter(
+            PREFIX + "outbox_failed", "Outbox rows that failed to publish: tried again (retry) or set aside (dead).",
+            ["service", "disposition"],
+        ),
+        "outbox_pending": Gauge(
+            PREFIX + "outbox_pending", "Outbox rows waiting to be published.", ["table"], multiprocess_mode="max"
+        ),
+        "outbox_oldest": Gauge(
+            PREFIX + "outbox_oldest_pending_age_seconds", "Age of the oldest outbox row waiting to be published.",
+            ["table"], multiprocess_mode="max",
+        ),
+        "outbox_dead": Gauge(
+            PREFIX + "outbox_dead", "Outbox rows set aside as unpublishable.", ["table"], multiprocess_mode="max"
+        ),
     }  # fmt: skip
 
 
@@ -102,6 +123,11 @@ def record_fired(service: str, event: str, result: str) -> None:
 @cache
 def _fired(service: str, event: str, result: str) -> Any:
     return instruments()["fired"].labels(service, event, result)
+
+
+def record_duplicate(service: str, handler: str) -> None:
+    if AVAILABLE:
+        instruments()["duplicates"].labels(service, handler).inc()
 
 
 def record_archived(service: str, event: str, reason: str) -> None:
@@ -134,7 +160,7 @@ class HandlerMetrics:
         self._failures.labels(*self._labels, self.exception_labels.label(exception), disposition).inc()
 
 
-OUTCOMES = ("success", "retry_scheduled", "archived")
+OUTCOMES = ("success", "skipped", "retry_scheduled", "archived")
 FINAL_OUTCOMES = ("success", "archived")
 
 
@@ -170,3 +196,25 @@ class HandlerRun:
             metrics.failed(exception, disposition)
         if outcome in FINAL_OUTCOMES:
             metrics.attempts[outcome].observe(self.attempt)
+
+
+class OutboxMetrics:
+    """A relay's metrics (recorded only when prometheus-client is installed)."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def published(self, service: str) -> None:
+        if AVAILABLE:
+            instruments()["outbox_published"].labels(service).inc()
+
+    def failed(self, service: str, disposition: str) -> None:
+        if AVAILABLE:
+            instruments()["outbox_failed"].labels(service, disposition).inc()
+
+    def pending(self, rows: int, oldest_age: float, dead: int) -> None:
+        if AVAILABLE:
+            metrics = instruments()
+            metrics["outbox_pending"].labels(self.table).set(rows)
+            metrics["outbox_oldest"].labels(self.table).set(oldest_age)
+            metrics["outbox_dead"].labels(self.table).set(dead)

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from amqp.exceptions import NotFound
 from kombu import Connection, Queue
 
 from amqp_events import delays
@@ -34,7 +35,7 @@ from amqp_events.topology import Topology, heartbeats_exchange
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
 
-logger = logging.getLogger("amqp_events")
+logger = logging.getLogger(__name__)
 
 
 def queue_kind(name: str, topology: Topology) -> str:
@@ -165,13 +166,15 @@ class Exporter:
         return found
 
     def _from_declares(self) -> list[QueueStats]:
+        """Ready messages and consumers by passive declares. Only a 404 means a queue is missing; any other
+        error fails the whole collection, so that it is counted and the last snapshot stays."""
         found = []
         with self.app.connection_for_read() as connection:
             for queue in self.topology.queues:
                 channel: Any = connection.channel()
                 try:
                     ok = channel.queue_declare(queue.name, passive=True)
-                except Exception:  # a missing queue closes the channel; others go on
+                except NotFound:  # it closed the channel; the other queues go on
                     continue
                 channel.close()
                 found.append(

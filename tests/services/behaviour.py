@@ -11,6 +11,7 @@ from typing import Any
 from celery.exceptions import Reject
 
 from amqp_events import PermanentFailure, current_event
+from amqp_events.clock import utcnow
 
 
 class Flaky(RuntimeError):
@@ -28,7 +29,7 @@ def record(service: str, **fields: Any) -> None:
         "fired_at": event.fired_at.isoformat() if event.fired_at else None,
         "fired_by": event.fired_by,
         "pid": os.getpid(),
-        "time": time.time(),
+        "time": utcnow().timestamp(),  # the library's clock: virtual in the in-process mode
         **fields,
     }
     with open(os.environ["RECORD_FILE"], "a") as out:
@@ -46,10 +47,14 @@ def behave(task: Any, service: str, tag: str, how: dict[str, Any] | None) -> Non
         time.sleep(how["sleep"])
     if how.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if how.get("exit"):
+        raise SystemExit(3)
     if how.get("reject"):
         raise Reject("rejected by the test", requeue=False)
     if how.get("permanent"):
         raise PermanentFailure(f"{tag} can never succeed")
+    if how.get("retry_with"):
+        raise task.retry(**how["retry_with"])
     if "countdown" in how and attempt <= how.get("countdown_times", 1):
         raise task.retry(countdown=how["countdown"], max_retries=how.get("retry_max_retries"))
     if attempt <= how.get("fail_times", 0) or how.get("always_fail"):

@@ -13,6 +13,7 @@ app = events_app(
     amqp_events_backoff_max=float(os.environ.get("BACKOFF_MAX", "3600")),
     amqp_events_heartbeat_interval=float(os.environ.get("HEARTBEAT_INTERVAL", "5")),
     amqp_events_max_redeliveries=int(os.environ.get("MAX_REDELIVERIES", "10")),
+    amqp_events_publish_timeout=float(os.environ.get("PUBLISH_TIMEOUT", "10")),
 )
 
 

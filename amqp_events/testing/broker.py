@@ -1,4 +1,4 @@
-"""A private, throwaway RabbitMQ node in a local directory.
+"""A private, throwaway RabbitMQ node in a local directory (development and tests only).
 
 The demo, the test harness and ``amqp-events broker start|stop|status`` all
 use this one class. The node never touches a system RabbitMQ: it gets its own
@@ -49,7 +49,7 @@ def free_ports(count: int) -> list[int]:
     can be handed to any process's outgoing connection between the moment it is
     chosen and the moment the node binds it, and the node would then fail to start.
     """
-    low, high = _ephemeral_range()
+    low, high = ephemeral_range()
     candidates = [port for port in range(10000, 65536) if not low <= port <= high]
     chosen: list[int] = []
     with contextlib.ExitStack() as held:  # held until all are chosen, so that none is chosen twice
@@ -65,7 +65,7 @@ def free_ports(count: int) -> list[int]:
     raise LocalBrokerError(f"fewer than {count} free TCP ports outside the range {low}-{high}")
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def ephemeral_range() -> tuple[int, int]:
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
         return int(low), int(high)
@@ -85,6 +85,8 @@ class NodeState:
     prometheus_port: int
     server_pid: int = 0
     epmd_pid: int = 0
+    #: HOME of the node: where its Erlang cookie is (shared by the nodes of a cluster).
+    home: str = ""
 
 
 class LocalBroker:
@@ -97,11 +99,21 @@ class LocalBroker:
     >>> broker.stop()            # doctest: +SKIP
     """
 
-    def __init__(self, directory: Path | str, port: int | None = None, config: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        port: int | None = None,
+        config: dict[str, str] | None = None,
+        *,
+        epmd_port: int | None = None,
+        home: Path | None = None,
+    ) -> None:
         self.directory = Path(directory).absolute()
         self.requested_port = port
         #: Extra ``rabbitmq.conf`` settings, e.g. ``{"max_message_size": "4194304"}``.
         self.config = dict(config or {})
+        #: A cluster's: its epmd (which the cluster runs, not the node) and its nodes' common HOME.
+        self.shared_epmd_port, self.shared_home = epmd_port, home
         self.state: NodeState | None = self._load_state()
 
     # -- public API -------------------------------------------------------
@@ -131,10 +143,10 @@ class LocalBroker:
         if not server.exists() or shutil.which("epmd") is None:
             raise LocalBrokerError(INSTALL_HINT)
         state = self.state or self._new_state()
-        for path in ("mnesia", "log", "home"):
-            (self.directory / path).mkdir(parents=True, exist_ok=True)
+        for path in (self.directory / "mnesia", self.directory / "log", Path(state.home)):
+            path.mkdir(parents=True, exist_ok=True)
         self._write_config(state)
-        if not _alive(state.epmd_pid):  # after kill() the node's epmd is still up
+        if self.shared_epmd_port is None and not _alive(state.epmd_pid):  # after kill() the node's epmd is still up
             state.epmd_pid = self._spawn(["epmd", "-port", str(state.epmd_port)], state, self.directory / "epmd.out")
         state.server_pid = self._spawn([str(server)], state, self.directory / "server.out")
         self.state = state
@@ -150,7 +162,7 @@ class LocalBroker:
         state = self.state
         if state is None:
             return
-        _terminate(state.server_pid, timeout, also=self._beam_pid())
+        _terminate(state.server_pid, timeout, also=self.beam_pid())
         _terminate(state.epmd_pid, 10.0)
         state.server_pid = state.epmd_pid = 0
         self._save_state()
@@ -158,7 +170,7 @@ class LocalBroker:
     def kill(self) -> None:
         """Crash the node: SIGKILL the Erlang VM, as a power cut would. ``start()`` brings it back."""
         state = self._require_state()
-        beam = self._beam_pid()
+        beam = self.beam_pid()
         for pid in (beam, state.server_pid):
             if pid and _alive(pid):
                 os.kill(pid, signal.SIGKILL)
@@ -173,20 +185,6 @@ class LocalBroker:
         """The node's management HTTP API (as guest)."""
         return ManagementAPI(self.management_url)
 
-    def rabbitmqctl(self, *args: str, timeout: float = 60.0) -> str:
-        """Run ``rabbitmqctl`` against this node; returns its output."""
-        state = self._require_state()
-        done = subprocess.run(
-            [str(RABBITMQ_SBIN / "rabbitmqctl"), "-n", state.nodename, *args],
-            env=self._environment(state),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if done.returncode != 0:
-            raise LocalBrokerError(f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}")
-        return done.stdout
-
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the node's own log, for error reports."""
         logs = sorted((self.directory / "log").glob("*.log"))
@@ -195,6 +193,20 @@ class LocalBroker:
 
     # -- internals --------------------------------------------------------
 
+    def rabbitmqctl(self, *args: str, timeout: float = 60.0, program: str = "rabbitmqctl") -> str:
+        """Run ``rabbitmqctl`` (or ``rabbitmq-queues``, ...) against this node; returns its output."""
+        state = self._require_state()
+        done = subprocess.run(
+            [str(RABBITMQ_SBIN / program), "-n", state.nodename, *args],
+            env=self._environment(state),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0:
+            raise LocalBrokerError(f"{program} {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
+        return done.stdout
+
     def _new_state(self) -> NodeState:
         amqp_port, dist_port, epmd_port, management_port, prometheus_port = free_ports(5)
         amqp_port = self.requested_port or amqp_port
@@ -202,16 +214,17 @@ class LocalBroker:
             nodename=f"amqp-events-{amqp_port}@localhost",
             amqp_port=amqp_port,
             dist_port=dist_port,
-            epmd_port=epmd_port,
+            epmd_port=self.shared_epmd_port or epmd_port,
             management_port=management_port,
             prometheus_port=prometheus_port,
+            home=str(self.shared_home or self.directory / "home"),
         )
 
     def _environment(self, state: NodeState) -> dict[str, str]:
         base = self.directory
         return {
             **os.environ,
-            "HOME": str(base / "home"),
+            "HOME": state.home or str(base / "home"),
             "RABBITMQ_NODENAME": state.nodename,
             "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
             "RABBITMQ_NODE_PORT": str(state.amqp_port),
@@ -282,7 +295,8 @@ class LocalBroker:
             f"its log says:\n{self.log_tail()}"
         )
 
-    def _beam_pid(self) -> int:
+    def beam_pid(self) -> int:
+        """PID of the node's Erlang VM (started by ``rabbitmq-server``), 0 when unknown."""
         try:
             return int((self.directory / "rabbitmq.pid").read_text().strip())
         except (OSError, ValueError):

@@ -1,0 +1,41 @@
+"""``amqp-events``: the operator's command line. Each command group is a module; each a thin layer over the library."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from amqp_events.cli.archive import archive
+from amqp_events.cli.broker import broker
+from amqp_events.cli.context import Context
+from amqp_events.cli.exporter import exporter
+from amqp_events.cli.fire import fire
+from amqp_events.cli.inbox import inbox
+from amqp_events.cli.outbox import outbox
+from amqp_events.cli.topology import topology
+
+
+@click.group()
+@click.option("-A", "--app", "app_name", metavar="MODULE[:ATTR]", help="The service's app, as for `celery -A`.")
+@click.option("--broker", metavar="URL", help="Use this broker instead of the app's broker_url.")
+@click.option(
+    "--management-url",
+    metavar="URL",
+    envvar="AMQP_EVENTS_MANAGEMENT_URL",
+    help="RabbitMQ management API (default: port 15672 on the broker's host).",
+)
+@click.version_option(package_name="celery-amqp-events")
+@click.pass_context
+def main(ctx: click.Context, app_name: str | None, broker: str | None, management_url: str | None) -> None:
+    """Operate celery-amqp-events services: topology, archive, firing events, a local broker."""
+    # As with `celery -A`, the app's module is found from the current directory.
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    ctx.obj = Context(app_name, broker, management_url)
+
+
+for command in (topology, archive, fire, outbox, inbox, exporter, broker):
+    main.add_command(command)

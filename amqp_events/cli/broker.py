@@ -1,0 +1,121 @@
+"""``amqp-events broker start|stop|status|kill|restart``: a private development RabbitMQ node, or a cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from amqp_events.cli.context import expecting
+from amqp_events.testing.broker import LocalBroker, LocalBrokerError
+from amqp_events.testing.cluster import LocalCluster
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@click.group()
+def broker() -> None:
+    """A private development RabbitMQ node (or a cluster of nodes) kept in a local directory."""
+
+
+def directory_option(command: F) -> F:
+    return click.option(
+        "--dir",
+        "directory",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path(".amqp-events/broker"),
+        show_default=True,
+        help="Where the node (or the cluster) keeps its data, logs and state.",
+    )(command)
+
+
+def started_in(directory: Path) -> LocalBroker | LocalCluster:
+    """What was started in ``directory``: a cluster (``cluster.json``) or a single node."""
+    return LocalCluster(directory) if (directory / "cluster.json").exists() else LocalBroker(directory)
+
+
+def cluster_in(directory: Path) -> LocalCluster:
+    started = started_in(directory)
+    if not isinstance(started, LocalCluster):
+        raise click.UsageError("kill and restart work on a cluster (`broker start --nodes 3`)")
+    return started
+
+
+def node_of(cluster: LocalCluster, node: str) -> int:
+    names = [cluster.node_name(index) for index in range(cluster.size)]
+    if node.isdigit() and 1 <= int(node) <= cluster.size:
+        return int(node) - 1
+    if node in names:
+        return names.index(node)
+    raise click.BadParameter(f"no node {node!r}: 1 to {cluster.size}, or one of {', '.join(names)}")
+
+
+def describe(started: LocalBroker | LocalCluster) -> None:
+    if isinstance(started, LocalBroker):
+        click.echo(f"broker running: {started.url}")
+        click.echo(f"management UI:  {started.management_url}/ (guest/guest)")
+        return
+    for index, node in enumerate(started.nodes):
+        state = "running" if node.is_running() else "down"
+        click.echo(f"node {index + 1} {started.node_name(index)} ({state}): {node.url}  UI {node.management_url}/")
+    click.echo(f"multi-host URL for apps: {started.url}")
+
+
+@broker.command("start")
+@directory_option
+@click.option("--port", type=int, help="AMQP port of a single node (default: a free one).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in one cluster.")
+@expecting(LocalBrokerError)
+def broker_start(directory: Path, port: int | None, nodes: int) -> None:
+    """Start the node or the cluster (it keeps running after this command) and print its URLs."""
+    started = LocalCluster(directory, nodes) if nodes > 1 else LocalBroker(directory, port)
+    started.start()
+    describe(started)
+
+
+@broker.command("stop")
+@directory_option
+@expecting(LocalBrokerError)
+def broker_stop(directory: Path) -> None:
+    """Stop the node (or every node of the cluster) and everything it started."""
+    started = started_in(directory)
+    was_running = started.is_running()
+    started.stop()
+    click.echo("broker stopped" if was_running else "broker was not running")
+
+
+@broker.command("status")
+@directory_option
+def broker_status(directory: Path) -> None:
+    """Say whether the node (or the cluster) runs; exit status 3 when nothing does."""
+    started = started_in(directory)
+    if not started.is_running():
+        click.echo(f"no broker running in {directory}")
+        raise SystemExit(3)
+    describe(started)
+
+
+@broker.command("kill")
+@click.argument("node")
+@directory_option
+@expecting(LocalBrokerError)
+def broker_kill(node: str, directory: Path) -> None:
+    """SIGKILL one node of the cluster (its number or its name), as a power cut would."""
+    cluster = cluster_in(directory)
+    index = node_of(cluster, node)
+    cluster.kill(index)
+    click.echo(f"killed node {index + 1}")
+
+
+@broker.command("restart")
+@click.argument("node")
+@directory_option
+@expecting(LocalBrokerError)
+def broker_restart(node: str, directory: Path) -> None:
+    """Stop one node of the cluster gracefully (if it runs), start it again, wait until the cluster has it back."""
+    cluster = cluster_in(directory)
+    index = node_of(cluster, node)
+    cluster.restart(index)
+    click.echo(f"node {index + 1} is back")

@@ -1,0 +1,103 @@
+"""What every ``amqp-events`` command shares: the global options, the app, and one-line errors."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from amqp.exceptions import NotFound
+from kombu import Connection
+from kombu.exceptions import OperationalError
+
+from amqp_events.app import EventsApp
+from amqp_events.errors import InvalidName, PublishError, TopologyMismatch, TopologyMissing
+from amqp_events.management import ManagementAPI, ManagementError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Failures an operator can act on: one line on stderr and exit status 1, no traceback.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    OperationalError,
+    ConnectionError,
+    PublishError,
+    NotFound,
+    TopologyMismatch,
+    TopologyMissing,
+    ManagementError,
+    InvalidName,
+)
+
+
+def expecting(*errors: type[BaseException]) -> Callable[[F], F]:
+    """Turn ``errors`` raised by a command into one line on stderr and exit status 1."""
+
+    def decorate(command: F) -> F:
+        @functools.wraps(command)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return command(*args, **kwargs)
+            except errors as exc:
+                raise click.ClickException(first_line(exc)) from None
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+one_line_errors = expecting(*EXPECTED_ERRORS)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    if isinstance(exc, NotFound):
+        text = f"not found on the broker: {getattr(exc, 'reply_text', text)}"
+    return text.splitlines()[0]
+
+
+class AppNotFound(click.ClickException):
+    pass
+
+
+class Context:
+    """Global options; the app is loaded only by the commands that need it."""
+
+    def __init__(self, app_name: str | None, broker: str | None, management_url: str | None) -> None:
+        self.app_name, self.broker, self.management_url = app_name, broker, management_url
+
+    @functools.cached_property
+    def app(self) -> EventsApp:
+        if not self.app_name:
+            raise click.UsageError("this command needs the app: pass -A/--app MODULE[:ATTR]")
+        from celery.app.utils import find_app
+
+        try:
+            app = find_app(self.app_name)
+        except (ImportError, AttributeError) as exc:
+            raise AppNotFound(f"cannot load app {self.app_name!r}: {exc}") from None
+        if not isinstance(app, EventsApp):
+            raise AppNotFound(f"{self.app_name!r} is a {type(app).__name__}, not an app made with events_app()")
+        if self.broker:
+            app.conf.broker_url = self.broker
+        return app
+
+    @property
+    def vhost(self) -> str:
+        return str(Connection(self.app.conf.broker_url).virtual_host or "/")
+
+    @property
+    def management(self) -> ManagementAPI:
+        if self.management_url:
+            return ManagementAPI(self.management_url)
+        return ManagementAPI.for_amqp_url(self.app.conf.broker_url)
+
+
+pass_context = click.make_pass_decorator(Context)
+
+
+def current_context() -> Context:
+    context = click.get_current_context().find_object(Context)
+    if context is None:  # only when a command is invoked without the main group
+        raise click.UsageError("run this command through `amqp-events`")
+    return context

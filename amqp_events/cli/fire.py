@@ -1,0 +1,49 @@
+"""``amqp-events fire EVENT``: fire an event from the shell."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from amqp_events.cli.context import Context, one_line_errors, pass_context
+
+
+@click.command()
+@click.argument("event")
+@click.option("--json", "payload", metavar="PAYLOAD", help="Keyword arguments as a JSON object (or an array of args).")
+@click.option("--arg", "pairs", multiple=True, metavar="KEY=VALUE", help="A keyword argument; VALUE is JSON or text.")
+@click.option("--countdown", type=float, help="Seconds to wait on the broker before delivery.")
+@pass_context
+@one_line_errors
+def fire(context: Context, event: str, payload: str | None, pairs: Sequence[str], countdown: float | None) -> None:
+    """Fire EVENT from the shell and print its id once the broker confirmed it."""
+    args, kwargs = parse_payload(payload, pairs)
+    click.echo(context.app.fire(event, args, kwargs, countdown=countdown))
+
+
+def parse_payload(payload: str | None, pairs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    if payload:
+        try:
+            decoded = json.loads(payload)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--json") from None
+        if isinstance(decoded, list):
+            args = decoded
+        elif isinstance(decoded, dict):
+            kwargs = decoded
+        else:
+            raise click.BadParameter("must be a JSON object or array", param_hint="--json")
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--arg")
+        try:
+            kwargs[key] = json.loads(value)
+        except ValueError:
+            kwargs[key] = value
+    return args, kwargs

@@ -1,0 +1,87 @@
+"""``amqp-events topology show|declare|check``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from amqp_events.check import LiveTopology, differences, expected_bindings
+from amqp_events.cli.context import Context, one_line_errors, pass_context
+from amqp_events.topology import Topology
+
+
+@click.group()
+def topology() -> None:
+    """The exchanges, queues and bindings of the app's service."""
+
+
+@topology.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_context
+def topology_show(context: Context, as_json: bool) -> None:
+    """Print the topology, computed without touching the broker."""
+    described = describe_topology(context.app.topology)
+    if as_json:
+        click.echo(json.dumps(described, indent=2))
+        return
+    click.echo("exchanges:")
+    for exchange in described["exchanges"]:
+        click.echo(f"  {exchange['name']}  ({exchange['type']}) {_arguments(exchange['arguments'])}")
+    click.echo("queues:")
+    for queue in described["queues"]:
+        click.echo(f"  {queue['name']}  {_arguments(queue['arguments'])}")
+    click.echo("bindings:")
+    for link in described["bindings"]:
+        click.echo(f"  {link['source']} -> {link['destination']}  [{link['routing_key']}]")
+
+
+def describe_topology(topology: Topology) -> dict[str, Any]:
+    return {
+        "service": topology.service,
+        "exchanges": [
+            {"name": e.name, "type": e.type, "durable": e.durable, "arguments": getattr(e, "arguments", None) or {}}
+            for e in topology.exchanges
+        ],
+        "queues": [
+            {"name": q.name, "durable": q.durable, "arguments": getattr(q, "queue_arguments", None) or {}}
+            for q in topology.queues
+        ],
+        "bindings": [
+            {"source": source, "destination": destination, "destination_type": kind, "routing_key": key}
+            for source, destination, kind, key in sorted(expected_bindings(topology))
+        ],
+    }
+
+
+def _arguments(arguments: dict[str, Any]) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(arguments.items()))
+
+
+@topology.command("declare")
+@pass_context
+@one_line_errors
+def topology_declare(context: Context) -> None:
+    """Declare the topology on the broker, as a worker does at start-up (idempotent)."""
+    app = context.app
+    app.declare_topology()
+    declared = app.topology
+    click.echo(
+        f"declared {len(declared.exchanges)} exchanges, {len(declared.queues)} queues and "
+        f"{len(declared.bindings)} extra bindings for service {app.service!r}"
+    )
+
+
+@topology.command("check")
+@pass_context
+@one_line_errors
+def topology_check(context: Context) -> None:
+    """Compare with the live broker (management API), replicas included; exit status 1 when anything is wrong."""
+    live = LiveTopology.read(context.management, context.vhost)
+    found = differences(context.app.topology, live, context.vhost)
+    for difference in found:
+        click.echo(str(difference))
+    if any(difference.wrong for difference in found):
+        raise SystemExit(1)
+    click.echo(f"the broker matches the topology of service {context.app.service!r} ({len(live.nodes)} node(s))")

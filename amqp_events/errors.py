@@ -1,0 +1,55 @@
+"""Every exception the library raises on purpose, in one place (all exported by ``amqp_events``)."""
+
+from __future__ import annotations
+
+
+class PermanentFailure(Exception):
+    """Raise from a handler to archive its message at once (reason ``non_retryable``)."""
+
+
+class PublishError(RuntimeError):
+    """The broker could not be reached, or did not confirm a message, in time."""
+
+
+class TopologyMissing(RuntimeError):
+    """A queue or exchange the library needs is not on the broker."""
+
+
+class TopologyMismatch(RuntimeError):
+    """An exchange or queue exists on the broker with other arguments than this service declares."""
+
+    def __init__(self, text: str, kind: str = "", name: str = "", argument: str = "") -> None:
+        super().__init__(text)
+        self.kind, self.name, self.argument = kind, name, argument
+
+
+class InvalidName(ValueError):
+    """A service or event name the topology cannot be built from."""
+
+
+class DuplicateHandler(ValueError):
+    """A service registered a second handler for the same event."""
+
+
+class DelayTooLong(ValueError):
+    """A delay beyond what the broker's delay ladder can hold."""
+
+
+class SettingsFrozen(RuntimeError):
+    """An ``amqp_events_*`` setting was changed after the app had read its settings."""
+
+
+class BadArguments(TypeError):
+    """The event's arguments do not fit the handler's signature (or do not build its typed event)."""
+
+
+class WorkerLost(Exception):
+    """The process running the handler died (SIGKILL, OOM, a crash) before the message was acked."""
+
+
+class Rejected(Exception):
+    """The message came back dead-lettered as rejected (``basic.reject`` without requeue)."""
+
+
+class RetryRequested(Exception):
+    """The handler called ``self.retry()`` without an exception."""

@@ -1,0 +1,267 @@
+"""What becomes of a delivered message: the pure outcome core.
+
+Every message a service's worker takes ends in exactly one outcome:
+
+* :class:`Ack`: nothing more to do (the handler returned);
+* :class:`Redeliver`: a copy goes back to this service's queue only, after
+  a delay on the broker when there is one, with its counters updated;
+* :class:`Archive`: a copy goes to the service's archive, with the reason
+  and the error.
+
+In the last two cases the original is acked once the broker confirmed the
+copy, so a message is never lost between the two. :func:`decide` computes
+the outcome from the delivery, what happened and the handler's rules; it
+does no I/O. The handler task, the worker's main process (a lost pool
+process) and the consumer (a message it cannot run) carry out what it
+returns (:mod:`amqp_events.settle`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from amqp_events import delays
+from amqp_events.errors import Rejected, WorkerLost
+from amqp_events.message import (
+    EMPTY_EMBED,
+    FIRST_FAILURE_AT,
+    JSON,
+    LOST_RUNS,
+    Delivered,
+    Failure,
+    OutgoingMessage,
+    Reason,
+    archived_message,
+    copy_headers,
+    earlier_deliveries,
+    isoformat,
+    json_body,
+    parse_time,
+    was_rejected,
+)
+from amqp_events.retry import GiveUp, RetryPolicy
+from amqp_events.settings import Settings
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message as a service's worker received it."""
+
+    headers: Mapping[str, Any]
+    #: The service queue it was consumed from: where a retry goes back to.
+    queue: str
+    exchange: str = ""
+    routing_key: str = ""
+    args: tuple[Any, ...] | list[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The body as received, kept byte for byte in the archive (a message that could not be decoded).
+    #: ``None``: the body is the task body built from ``args`` and ``kwargs``.
+    raw_body: bytes | None = None
+    content_type: str | None = JSON
+    content_encoding: str | None = "utf-8"
+
+    @property
+    def retries(self) -> int:
+        """Retries so far (Celery's ``retries`` header): 0 on the first attempt."""
+        try:
+            return int(self.headers.get("retries") or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    @property
+    def lost_runs(self) -> int:
+        """How many times a pool process died running it."""
+        try:
+            return int(self.headers.get(LOST_RUNS) or 0)
+        except (TypeError, ValueError):
+            return 0
+
+    @property
+    def event(self) -> str:
+        return str(self.headers.get("task") or "")
+
+    @property
+    def event_id(self) -> str:
+        return str(self.headers.get("id") or "")
+
+    def task_body(self) -> list[Any]:
+        return [list(self.args), dict(self.kwargs), EMPTY_EMBED]
+
+
+# -- what happened -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    """The handler returned."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The handler raised ``error``, or asked to be retried (``self.retry(countdown=..., max_retries=...)``)."""
+
+    error: BaseException
+    countdown: float | None = None
+    max_retries: int | None = None
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The pool process running the handler died."""
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    """The handler must not run, and never will: bad input, an unknown event, too many returns."""
+
+    reason: Reason
+    error: BaseException
+
+
+Happened = Succeeded | Failed | Lost | CannotRun
+
+
+# -- outcomes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done: ack the message (``duplicate``: the handler was skipped, its effect had happened already)."""
+
+    duplicate: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "skipped" if self.duplicate else "success"
+
+
+@dataclass(frozen=True)
+class Redeliver:
+    """Send ``copy`` back to the service's queue (after ``delay`` seconds), then ack the original."""
+
+    copy: OutgoingMessage
+    delay: int
+    error: BaseException
+    #: ``retry`` after a failure, ``redeliver`` after a lost pool process.
+    why: str = "retry"
+
+    kind = "retry_scheduled"
+
+
+@dataclass(frozen=True)
+class Archive:
+    """Send ``copy`` to the service's archive, then ack the original."""
+
+    copy: OutgoingMessage
+    reason: Reason
+    error: BaseException
+    attempts: int
+
+    kind = "archived"
+
+
+Outcome = Ack | Redeliver | Archive
+
+
+@dataclass(frozen=True)
+class Handling:
+    """Who handles a message and by which rules."""
+
+    service: str
+    #: The registered function or class, as ``module.qualname`` ("" when no handler could be found).
+    handler: str
+    policy: RetryPolicy
+    #: Pool processes that may die running one message before it is archived as ``worker_lost``.
+    max_deliveries: int
+    #: Returns to the queue without an outcome (whole workers dying) before it is archived as ``worker_lost``.
+    max_redeliveries: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings, service: str, handler: str = "", **retry_options: Any) -> Handling:
+        """The app's rules, with a handler's own retry options (``max_retries``, ``backoff_base``, ...)."""
+        return cls(
+            service,
+            handler,
+            RetryPolicy.from_settings(settings, **retry_options),
+            settings.max_deliveries,
+            settings.max_redeliveries,
+        )
+
+
+def refusal(delivery: Delivery, handling: Handling) -> Failed | CannotRun | None:
+    """Why ``delivery`` must not run its handler this time, if it must not.
+
+    A message the broker returned too often without an outcome ends the
+    crash loop; a message that came back dead-lettered as rejected counts
+    as a failed attempt.
+    """
+    returns = earlier_deliveries(delivery.headers)
+    if returns >= handling.max_redeliveries:
+        return CannotRun(Reason.WORKER_LOST, WorkerLost(f"returned to its queue {returns} times without an outcome"))
+    if was_rejected(delivery.headers, delivery.queue):
+        return Failed(Rejected("the message was rejected without requeue"))
+    return None
+
+
+def decide(delivery: Delivery, happened: Happened, handling: Handling, now: datetime) -> Outcome:
+    """The outcome of ``delivery`` after ``happened``, under ``handling``'s rules (pure)."""
+    if isinstance(happened, Succeeded):
+        return Ack()
+    if isinstance(happened, Failed):
+        decision = handling.policy.decide(
+            happened.error, delivery.retries, countdown=happened.countdown, max_retries=happened.max_retries
+        )
+        if isinstance(decision, GiveUp):
+            return archive(delivery, decision.reason, happened.error, delivery.retries + 1, handling, now)
+        first_failure_at = parse_time(delivery.headers.get(FIRST_FAILURE_AT)) or now
+        headers = copy_headers(
+            delivery.headers, delivery.retries + 1, **{FIRST_FAILURE_AT: isoformat(first_failure_at)}
+        )
+        return Redeliver(back_to_queue(delivery, headers, decision.delay, now), decision.delay, happened.error)
+    if isinstance(happened, Lost):
+        lost = delivery.lost_runs + 1
+        error = WorkerLost(f"the process running the handler died ({lost} time(s) so far)")
+        if lost >= handling.max_deliveries:
+            return archive(delivery, Reason.WORKER_LOST, error, delivery.retries + lost, handling, now)
+        headers = {**copy_headers(delivery.headers, delivery.retries), LOST_RUNS: lost}
+        return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="redeliver")
+    # A message returned too often was running each time its worker died; bad input never ran.
+    ran = 1 if happened.reason == Reason.WORKER_LOST else 0
+    return archive(delivery, happened.reason, happened.error, delivery.retries + ran, handling, now)
+
+
+def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
+    """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first."""
+    direct = OutgoingMessage("", delivery.queue, headers, delivery.task_body(), delivery.event_id)
+    return direct.after(delay, delays.queue_destination(delivery.queue), now)
+
+
+def archive(
+    delivery: Delivery, reason: Reason, error: BaseException, attempts: int, handling: Handling, now: datetime
+) -> Archive:
+    """The outcome that sends ``delivery`` to the archive with ``reason``."""
+    failure = Failure.from_exception(
+        reason,
+        error,
+        attempts=attempts,
+        first_failure_at=parse_time(delivery.headers.get(FIRST_FAILURE_AT)),
+        now=now,
+    )
+    if delivery.raw_body is not None:
+        body, content_type, content_encoding = delivery.raw_body, delivery.content_type, delivery.content_encoding
+    else:
+        body, content_type, content_encoding = json_body(delivery.task_body()), JSON, "utf-8"
+    delivered = Delivered(
+        headers=copy_headers(delivery.headers, delivery.retries),
+        body=body,
+        content_type=content_type,
+        content_encoding=content_encoding,
+        exchange=delivery.exchange,
+        routing_key=delivery.routing_key or delivery.event,
+        queue=delivery.queue,
+    )
+    copy = archived_message(delivered, failure, handling.service, handling.handler)
+    return Archive(copy, reason, error, attempts)

@@ -1,0 +1,6 @@
+import os
+
+from amqp_events.celery import events_app
+
+app = events_app("loaded", broker_url=os.environ["BROKER_URL"])
+app.autodiscover_tasks(["services.loading.discovered"], related_name="handlers")

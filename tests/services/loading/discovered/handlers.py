@@ -1,0 +1,4 @@
+from services.loading import _handler
+from services.loading.by_autodiscovery import app
+
+app.handler("loading.ping")(_handler.on_ping)

@@ -1,0 +1,125 @@
+"""Each adjustment of Celery's internals (amqp_events._celery_compat) is still called by the Celery installed.
+
+If an upgrade of Celery, kombu or billiard moves a hook, one of these fails.
+Broker tests cover the behaviour each adjustment exists for: the handler
+loading tests (the queue table), test_worker_startup (no DelayedDelivery
+queues), test_worker_lost (lost pool processes), test_bad_input (messages
+the worker cannot run) and test_settings (settings read once).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import pytest
+from celery.app.amqp import AMQP
+from celery.contrib.testing.worker import start_worker
+from celery.worker.consumer import Consumer
+from celery.worker.request import Request
+from celery.worker.worker import WorkController
+from kombu.asynchronous import Hub
+from vine import promise
+
+from amqp_events import _celery_compat, events_app
+from amqp_events.testing import wait_for
+
+
+def test_celery_reads_the_queue_table_before_it_imports_worker_include_modules():
+    """Why EventQueues follows the handlers: the order inside WorkController.setup_instance."""
+    source = inspect.getsource(WorkController.setup_instance)
+    assert source.index("self.setup_queues(") < source.index("self.setup_includes(")
+    assert "consume_from" in inspect.getsource(AMQP.TaskConsumer)
+
+
+def test_the_queue_table_follows_handlers_registered_after_it_was_built():
+    app = events_app("orders", broker_url="amqp://localhost//")
+    table = app.amqp.queues  # what a worker reads before `--include` modules are imported
+    assert isinstance(table, _celery_compat.EventQueues) and "celery" not in table
+
+    @app.handler("billing.invoice.paid")
+    def on_paid(invoice_id: int) -> None: ...
+
+    assert list(table.consume_from) == ["orders:billing.invoice.paid"]
+
+    @app.handler("users.registered")
+    def on_registered(user_id: int) -> None: ...
+
+    table.select(["orders:users.registered"])  # `celery worker -Q ...`
+    assert list(table.consume_from) == ["orders:users.registered"]
+    assert table["orders:users.registered"].queue_arguments["x-queue-type"] == "quorum"
+
+
+def test_the_delayed_delivery_step_left_out_is_still_called_that():
+    assert any(step.endswith(":DelayedDelivery") for step in Consumer.Blueprint.default_steps)
+    assert not any(step.endswith(":DelayedDelivery") for step in _celery_compat.EventConsumer.Blueprint.default_steps)
+
+
+def test_the_task_handler_still_makes_its_ack_promises_with_the_promise_it_is_given():
+    assert "promise" in inspect.signature(Consumer.create_task_handler).parameters
+    source = inspect.getsource(Consumer.create_task_handler)
+    assert "promise(" in source and ("call_soon_ack," in source or "call_soon," in source)
+
+
+def test_acks_now_runs_ack_callbacks_at_once_and_leaves_other_promises_alone():
+    done: list[str] = []
+
+    def deferred(p, *args):  # stands for Consumer.call_soon: queues for later
+        done.append("deferred")
+
+    acks = _celery_compat.acks_now(promise, deferred=(deferred,))
+    acks(deferred, (lambda *args: done.append("acked"),))("logger", "errors")
+    acks(lambda *args: done.append("other"), ())()
+    assert done == ["acked", "other"]
+
+
+def test_a_solo_worker_sends_each_ack_at_once(broker_url, monkeypatch):
+    """In a real worker (in this process, solo pool), every ack goes through the hook."""
+    app = events_app("compat", broker_url=broker_url)
+    handled: list[int] = []
+
+    @app.handler("compat.ping")
+    def on_ping(n: int) -> None:
+        handled.append(n)
+
+    sent_at_once: list[str] = []
+    real = _celery_compat.call_now
+    monkeypatch.setattr(_celery_compat, "call_now", lambda *a, **kw: (sent_at_once.append("ack"), real(*a, **kw)))
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+        for n in range(5):
+            app.fire("compat.ping", [n], {})
+        wait_for(lambda: len(sent_at_once) >= 5, 30, what="five acks sent at once")
+    assert sorted(handled) == [0, 1, 2, 3, 4]
+    app.close()
+
+
+def test_a_lost_process_is_still_reported_to_on_failure_with_these_arguments():
+    parameters = inspect.signature(Request.on_failure).parameters
+    assert list(parameters) == ["self", "exc_info", "send_failed_event", "return_ok"]
+    assert hasattr(Request, "_already_cancelled") and hasattr(Request, "_already_revoked")
+
+
+def test_the_waker_ends_a_poll_of_the_event_loop_at_once():
+    hub = Hub()
+    waker = _celery_compat.LoopWaker(hub)
+    hub.call_later(60, lambda: None)  # the loop polls as long as it may (up to 10 s)
+    loop = hub.create_loop()
+    next(loop)  # first turn: sets up the loop
+    turned = threading.Event()
+    thread = threading.Thread(target=lambda: (next(loop), turned.set()), daemon=True)
+    thread.start()
+    assert not turned.wait(0.5)  # asleep in poll()
+    waker.wake()
+    assert turned.wait(5), "the loop did not wake up"
+    waker.close()
+    hub.close()
+
+
+def test_settings_changes_still_go_through_the_guarded_methods():
+    app = events_app("orders")
+    conf = app.conf
+    assert type(conf).__setattr__ is not object.__setattr__  # attribute writes become item writes
+    assert app.events_settings.exchange == "events"  # read: from now on they are guarded
+    assert isinstance(app.conf, _celery_compat.GuardedSettings) and app.conf is conf
+    with pytest.raises(Exception, match="cannot change now"):
+        conf.setdefault("amqp_events_exchange", "x")  # not set yet: it would change what was read

@@ -1,0 +1,202 @@
+"""A three-node RabbitMQ cluster: replication, and nothing lost when nodes die or restart (real nodes, real workers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.parse
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+from amqp_events import PublishError, events_app
+from amqp_events.cli import main
+from amqp_events.testing import wait_for
+from amqp_events.testing.cluster import LocalCluster
+
+
+def vhost_of(url: str) -> str:
+    return urllib.parse.unquote(url.split(";")[0].rsplit("/", 1)[1])
+
+
+def steady_stream(app, stop: threading.Event, fired: list[str], per_second: float = 100) -> threading.Thread:
+    """Fire ``test.ping`` events with tags ``s0``, ``s1``... until ``stop``; a fire that raises is fired again."""
+
+    def fire() -> None:
+        n = 0
+        while not stop.is_set():
+            try:
+                app.fire("test.ping", [f"s{n}"], {})
+            except PublishError:
+                continue  # fired again under a new id: counted as a duplicate if the first one got through
+            fired.append(f"s{n}")
+            n += 1
+            time.sleep(1 / per_second)
+
+    thread = threading.Thread(target=fire, daemon=True, name="steady-stream")
+    thread.start()
+    return thread
+
+
+def handled_by_every_service(records, tags: list[str], services=("orders", "shipping"), timeout: float = 180) -> int:
+    """Wait until each service handled every tag; returns how many duplicate runs there were."""
+    for service in services:
+        wait_for(
+            lambda service=service: set(tags) <= {record["tag"] for record in records.all(service=service)},
+            timeout,
+            interval=0.5,
+            what=f"{service} handling all {len(tags)} events",
+        )
+    runs = Counter((record["service"], record["tag"]) for record in records.all())
+    return sum(count - 1 for count in runs.values())
+
+
+@pytest.fixture
+def on_cluster(cluster_url, worker):
+    """``on_cluster("orders")``: a worker of a test service connected to the cluster (every node in its URL)."""
+    started = []
+
+    def start(service: str, **options):
+        process = worker(service, env={"BROKER_URL": cluster_url}, **options)
+        started.append(process)
+        return process
+
+    yield start
+
+
+def test_every_queue_has_a_replica_on_every_node_and_leaders_are_spread(cluster, cluster_url, on_cluster, cli):
+    on_cluster("orders")
+    vhost = vhost_of(cluster_url)
+    queues = [queue for queue in cluster.management.queues(vhost) if not queue["name"].endswith("pidbox")]
+    assert queues and all(len(queue["members"]) == 3 for queue in queues)
+    assert len({queue["leader"] for queue in queues}) == 3  # balanced, not all on the workers' node
+    check = ("--broker", cluster_url, "--management-url", cluster.management.base_url, "topology", "check")
+    healthy = cli(*check)
+    assert healthy.exit_code == 0 and "(3 node(s))" in healthy.output, healthy.output
+    cluster.nodes.nodes[0].rabbitmqctl(
+        "delete_member", "-p", vhost, "orders.archive", cluster.nodes.node_name(2), program="rabbitmq-queues"
+    )
+    reduced = cli(*check)
+    assert reduced.exit_code == 1
+    assert "under-replicated queue 'orders.archive': 2 member(s) of 3" in reduced.output
+
+
+def test_killing_the_node_that_leads_a_queue_while_events_flow_loses_nothing(cluster, cluster_url, on_cluster, records):
+    orders, shipping = on_cluster("orders"), on_cluster("shipping")
+    time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
+    producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
+    leader = cluster.leader_of(vhost_of(cluster_url), "orders:test.ping")
+    fired: list[str] = []
+    stop = threading.Event()
+    stream = steady_stream(producer, stop, fired, per_second=400)
+    wait_for(lambda: len(fired) >= 1500, 60, what="1,500 events fired")
+    cluster.nodes.kill(leader)
+    wait_for(lambda: len(fired) >= 5000, 120, what="5,000 events fired in all")
+    stop.set()
+    stream.join(30)
+    duplicates = handled_by_every_service(records, fired)
+    print(f"\nkilled leader node {leader + 1} after 1,500 of {len(fired)} events: none lost, {duplicates} duplicate(s)")
+    assert orders.is_running() and shipping.is_running()  # the workers moved to another node by themselves
+    producer.close()
+
+
+def test_retries_waiting_in_the_delay_ladder_survive_a_node_kill(cluster, cluster_url, on_cluster, records):
+    on_cluster("orders")
+    time.sleep(3)
+    producer = events_app("tests", broker_url=cluster_url)
+    delays = [1, 2, 5, 10, 20, 40, 60]
+    ids = {producer.fire("test.ping", [f"d{delay}"], {"how": {"countdown": delay}}): delay for delay in delays}
+    records.wait(len(delays))  # every first run; the retries now wait on the ladder
+    ladder = [f"amqp_events.delay.{level:02d}" for level in range(6)]  # 1 s to 32 s
+    leaders = Counter(cluster.leader_of(vhost_of(cluster_url), queue) for queue in ladder)
+    victim = leaders.most_common(1)[0][0]
+    cluster.nodes.kill(victim)
+    time.sleep(5)
+    cluster.nodes.start()
+    for event_id, delay in ids.items():
+        first, second = records.wait(2, timeout=120, id=event_id)
+        assert second["time"] - first["time"] >= delay  # every retry arrives, never early
+    producer.close()
+
+
+def test_a_batch_whose_node_dies_goes_on_over_another_node(cluster, cluster_url, on_cluster, records):
+    on_cluster("orders")
+    on_cluster("shipping")
+    time.sleep(3)
+    producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
+    producer.fire("test.ping", ["warm"], {})  # the publisher is connected: to the first node
+    unconfirmed: set[str] = set()
+    tags: dict[str, str] = {}
+    killer = threading.Thread(target=lambda: (wait_for(lambda: len(tags) >= 2000, 60), cluster.nodes.kill(0)))
+    killer.start()
+    try:
+        with producer.batch(window=200) as batch:
+            for n in range(6000):
+                tags[producer.fire("test.ping", [f"b{n}"], {})] = f"b{n}"
+                time.sleep(0.0005)
+    except PublishError as error:
+        unconfirmed = {event_id for event_id in tags if event_id in str(error)}
+    killer.join(60)
+    confirmed = [tag for event_id, tag in tags.items() if event_id not in unconfirmed]
+    print(
+        f"\nnode 1 killed mid-batch: {len(confirmed)} of {len(tags)} confirmed, {len(unconfirmed)} named as unconfirmed"
+    )
+    assert len(batch.ids) == len(tags)
+    handled_by_every_service(records, confirmed)  # nothing confirmed is lost
+    # It even went on: refused publishes (a queue electing a new leader) were sent again on a fresh channel.
+    assert not unconfirmed
+    producer.close()
+
+
+def test_a_rolling_restart_of_every_node_loses_nothing_and_no_worker_restarts(
+    cluster, cluster_url, on_cluster, records
+):
+    workers = [on_cluster("orders"), on_cluster("shipping", pool="prefork", concurrency=2)]
+    pids = [worker.pid for worker in workers]
+    time.sleep(3)
+    producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
+    fired: list[str] = []
+    stop = threading.Event()
+    stream = steady_stream(producer, stop, fired)
+    for index in range(3):
+        enough = 300 * (index + 1)
+        wait_for(lambda enough=enough: len(fired) >= enough, 120, what="the stream going on")
+        cluster.nodes.restart(index)
+    stop.set()
+    stream.join(30)
+    duplicates = handled_by_every_service(records, fired)
+    print(f"\nrolling restart of 3 nodes under {len(fired)} events: none lost, {duplicates} duplicate run(s)")
+    assert [worker.pid for worker in workers] == pids and all(worker.is_running() for worker in workers)
+    producer.close()
+
+
+@pytest.mark.broker
+def test_the_cli_starts_breaks_and_stops_a_cluster(tmp_path):
+    runner = CliRunner()
+    directory = str(tmp_path / "cluster")
+
+    def run(*args: str, code: int = 0) -> str:
+        result = runner.invoke(main, ["broker", *args, "--dir", directory], catch_exceptions=False)
+        assert result.exit_code == code, result.output
+        return result.output
+
+    started = run("start", "--nodes", "3")
+    assert started.count("(running)") == 3 and "multi-host URL for apps: amqp://" in started
+    cluster = LocalCluster(directory)
+    pids = [node.state.server_pid for node in cluster.nodes]
+    assert "killed node 2" in run("kill", "2")
+    assert "(down)" in run("status")
+    assert "node 2 is back" in run("restart", "2")
+    assert run("status").count("(running)") == 3
+    assert "broker stopped" in run("stop")
+    run("status", code=3)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False

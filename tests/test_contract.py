@@ -1,0 +1,345 @@
+"""The contract, written once and run twice: in the in-process mode, and on a real broker with real workers.
+
+Each scenario drives the test services (``services/orders.py``,
+``services/shipping.py``) through a :class:`Mode` and asserts what a user
+of the library may rely on: who handles what, how often and when, what the
+archive holds and why. Both modes must meet every assertion, so a
+difference between the in-process mode and the broker is a failing test.
+Times: in-process they are exact (the virtual clock); on the broker a retry
+or a delay may be late, never early.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+from conftest import Records, load_service
+from kombu.exceptions import EncodeError
+
+from amqp_events import EventsApp, Reason, events_app
+from amqp_events.archive import Archive, ArchivedMessage
+from amqp_events.message import JSON, OutgoingMessage
+from amqp_events.testing import wait_for
+from amqp_events.testing.in_process import InProcess, in_process
+
+
+class Mode:
+    """How a scenario runs: start services, fire, wait until something holds, read an archive."""
+
+    exact_times: bool
+    producer: EventsApp
+
+    def start(self, *services: str, env: dict[str, str] | None = None) -> None:
+        raise NotImplementedError
+
+    def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
+        """Return once ``condition()`` holds (in-process: once everything due was handled)."""
+        raise NotImplementedError
+
+    def quiet(self, services: tuple[str, ...]) -> None:
+        """Return once everything fired so far for ``services`` was handled: then counts are final."""
+        raise NotImplementedError
+
+    def deploy_fix(self, *services: str) -> None:
+        """The failing handlers are fixed from now on (``FIXED=1``)."""
+        raise NotImplementedError
+
+    def module(self, service: str) -> Any:
+        """The module of ``services/<service>.py`` whose app fires into this mode."""
+        raise NotImplementedError
+
+    def archive(self, service: str) -> Archive:
+        return Archive(self.producer, service)
+
+    def assert_waited(self, waited: float, delay: float) -> None:
+        """``waited`` seconds between two runs that ``delay`` separates: exactly so in-process, never less."""
+        assert waited == delay if self.exact_times else waited >= delay, (waited, delay)
+
+
+class InProcessMode(Mode):
+    exact_times = True
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        monkeypatch.setenv("BROKER_URL", "amqp://in-process.invalid//")  # never connected to
+        self.events: InProcess | None = None
+        self.services: list[str] = []
+        self.modules: dict[str, Any] = {}
+
+    def start(self, *services: str, env: dict[str, str] | None = None) -> None:
+        for key, value in (env or {}).items():
+            self.monkeypatch.setenv(key, value)
+        self.services = list(services)
+        self._switch_on()
+
+    def _switch_on(self) -> None:
+        self.stop()
+        self.producer = events_app("tests", broker_url=os.environ["BROKER_URL"])
+        for service in self.services:
+            load_service(service)
+            self.modules[service] = sys.modules[f"services.{service}"]
+        apps = [module.app for module in self.modules.values()]
+        self.events = in_process(self.producer, *apps, unhandled="ignore").start()
+
+    def module(self, service: str) -> Any:
+        return self.modules[service]
+
+    def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
+        assert self.events is not None
+        self.events.drain()
+        assert condition()
+
+    def quiet(self, services: tuple[str, ...]) -> None:
+        assert self.events is not None
+        self.events.drain()
+
+    def deploy_fix(self, *services: str) -> None:
+        self.monkeypatch.setenv("FIXED", "1")  # read by the handlers at each run
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events.stop()
+            self.events = None
+
+
+class BrokerMode(Mode):
+    exact_times = False
+
+    def __init__(
+        self, worker: Callable[..., Any], producer: EventsApp, records: Records, service_app: Callable[[str], Any]
+    ) -> None:
+        self.worker, self.producer, self.records, self.service_app = worker, producer, records, service_app
+        self.processes: dict[str, Any] = {}
+        self.env: dict[str, str] = {}
+
+    def start(self, *services: str, env: dict[str, str] | None = None) -> None:
+        self.env = dict(env or {})
+        for service in services:
+            self.processes[service] = self.worker(service, env=self.env)
+
+    def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
+        wait_for(condition, timeout, what=getattr(condition, "__doc__", None) or "the scenario's condition")
+
+    def quiet(self, services: tuple[str, ...]) -> None:
+        self.records.barrier(self.producer, services)
+
+    def module(self, service: str) -> Any:
+        self.service_app(service)
+        return sys.modules[f"services.{service}"]
+
+    def deploy_fix(self, *services: str) -> None:
+        for service in services:
+            self.processes.pop(service).stop()
+            self.processes[service] = self.worker(service, env={**self.env, "FIXED": "1"})
+
+
+@pytest.fixture(params=["in_process", "broker"])
+def mode(request: pytest.FixtureRequest, records: Records, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mode]:
+    if request.param == "in_process":
+        monkeypatch.setenv("RECORD_FILE", str(records.path))
+        in_memory = InProcessMode(monkeypatch)
+        yield in_memory
+        in_memory.stop()
+    else:
+        fixtures = [request.getfixturevalue(name) for name in ("worker", "producer")]
+        yield BrokerMode(*fixtures, records, request.getfixturevalue("service_app"))
+
+
+def archived_in(mode: Mode, service: str, count: int) -> list[ArchivedMessage]:
+    archive = mode.archive(service)
+    mode.until(lambda: len(archive.list()) >= count)
+    found = archive.list()
+    assert len(found) == count, found
+    return found
+
+
+def waits(runs: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive runs (by the library's clock)."""
+    times = [run["time"] for run in runs]
+    return [round(later - earlier, 6) for earlier, later in itertools.pairwise(times)]
+
+
+def record_fields(archived: ArchivedMessage) -> dict[str, Any]:
+    """What an archive record says, without what differs from run to run (ids, times, tracebacks)."""
+    return {
+        "event": archived.event,
+        "service": archived.service,
+        "handler": archived.handler,
+        "reason": archived.reason,
+        "exception_type": archived.exception_type,
+        "attempts": archived.attempts,
+        "queue": archived.queue,
+        "exchange": archived.exchange,
+        "routing_key": archived.routing_key,
+        "content_type": archived.content_type,
+    }
+
+
+# -- the scenarios ------------------------------------------------------------------------------------
+
+
+def test_each_subscribed_service_handles_an_event_once(mode, records):
+    mode.start("orders", "shipping")
+    event_id = mode.producer.fire("test.ping", ["fan-out"], {})
+    mode.quiet(("orders", "shipping"))
+    runs = records.all(id=event_id)
+    assert sorted((run["service"], run["attempt"]) for run in runs) == [("orders", 1), ("shipping", 1)]
+
+
+def test_a_failure_is_retried_with_backoff_and_only_where_it_failed(mode, records):
+    mode.start("orders", "shipping")
+    event_id = mode.producer.fire("test.ping", ["flaky"], {"how": {"fail_times": 3, "only": "orders"}})
+    mode.until(lambda: len(records.all(id=event_id, service="orders")) >= 4)
+    mode.quiet(("orders", "shipping"))
+    orders = records.all(id=event_id, service="orders")
+    assert [run["attempt"] for run in orders] == [1, 2, 3, 4]
+    for waited, delay in zip(waits(orders), [1, 2, 4], strict=True):
+        mode.assert_waited(waited, delay)
+    assert len(records.all(id=event_id, service="shipping")) == 1
+    assert mode.archive("orders").list() == []
+
+
+def test_after_max_retries_the_message_is_archived_with_its_record(mode, records):
+    mode.start("orders", env={"HANDLER_MAX_RETRIES": "2"})
+    event_id = mode.producer.fire("test.orders_only", ["doomed"], {"how": {"always_fail": True}})
+    [archived] = archived_in(mode, "orders", 1)
+    assert [run["attempt"] for run in records.all(id=event_id)] == [1, 2, 3]
+    assert archived.id == event_id
+    assert record_fields(archived) == {
+        "event": "test.orders_only",
+        "service": "orders",
+        "handler": "services.orders.on_orders_only",
+        "reason": Reason.MAX_RETRIES,
+        "exception_type": "services.behaviour.Flaky",
+        "attempts": 3,
+        "queue": "orders:test.orders_only",
+        "exchange": "amqp_events.delay.00",  # the last wait (2 s) ended through the ladder's level 0
+        "routing_key": "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.queue.orders:test.orders_only",
+        "content_type": JSON,
+    }
+    assert archived.exception_message == "doomed failed on attempt 3"
+    assert archived.payload == [["doomed"], {"how": {"always_fail": True}}, archived.payload[2]]
+    mode.assert_waited((archived.last_failure_at - archived.first_failure_at).total_seconds(), 1 + 2)
+
+
+def test_self_retry_with_a_countdown_waits_that_long(mode, records):
+    mode.start("orders")
+    event_id = mode.producer.fire("test.ping", ["later"], {"how": {"countdown": 3}})
+    mode.until(lambda: len(records.all(id=event_id)) >= 2)
+    first, second = records.all(id=event_id)
+    assert (first["attempt"], second["attempt"]) == (1, 2)
+    mode.assert_waited(waits([first, second])[0], 3)
+
+
+def test_a_permanent_failure_is_archived_at_once(mode, records):
+    mode.start("orders")
+    event_id = mode.producer.fire("test.ping", ["bad"], {"how": {"permanent": True}})
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.attempts) == (event_id, Reason.NON_RETRYABLE, 1)
+    assert archived.exception_type == "amqp_events.errors.PermanentFailure"
+    assert (archived.exchange, archived.routing_key) == ("events", "test.ping")
+    assert len(records.all(id=event_id)) == 1
+
+
+def test_a_rejected_message_is_counted_retried_and_archived(mode, records):
+    mode.start("orders", env={"HANDLER_MAX_RETRIES": "2"})
+    event_id = mode.producer.fire("test.orders_only", ["reject"], {"how": {"reject": True}})
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.attempts) == (event_id, Reason.MAX_RETRIES, 3)
+    assert archived.exception_type == "amqp_events.errors.Rejected"
+    assert [run["attempt"] for run in records.all(id=event_id)] == [1, 2, 3]
+
+
+def test_arguments_that_do_not_fit_the_handler_are_archived_unrun(mode, records):
+    mode.start("orders")
+    event_id = mode.producer.fire("test.ping", [], {"nonsense": 1})
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.attempts) == (event_id, Reason.BAD_ARGUMENTS, 0)
+    assert archived.exception_type == "amqp_events.errors.BadArguments"
+    assert archived.handler == "services.orders.on_ping"
+    assert records.all(id=event_id) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "reason"),
+    [
+        (b'[["x"], {}, {}]', {"task": "test.nobody_handles_this"}, Reason.UNKNOWN_EVENT),
+        (b"{not json", {"task": "test.ping"}, Reason.UNDECODABLE),
+        (b'"a string"', {"task": "test.ping"}, Reason.UNDECODABLE),
+    ],
+    ids=["unknown-event", "not-json", "not-a-task-body"],
+)
+def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, headers, reason):
+    mode.start("orders")
+    event_id = str(uuid.uuid4())
+    message = OutgoingMessage("", "orders:test.ping", {**headers, "id": event_id}, body, event_id, JSON, "utf-8")
+    assert mode.producer.transport.publish(message)
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.attempts, archived.handler) == (event_id, reason, 0, "")
+    assert (archived.body, archived.queue) == (body, "orders:test.ping")
+
+
+def test_a_typed_event_reaches_its_handler_as_an_instance(mode, records):
+    mode.start("orders")
+    orders = mode.module("orders")
+    event_id = orders.UserRegistered(user_id=7, email="ada@example.com").fire()
+    mode.until(lambda: records.all(id=event_id))
+    [run] = records.all(id=event_id)
+    assert (run["tag"], run["email"], run["type"]) == ("user-7", "ada@example.com", "UserRegistered")
+
+
+def test_an_event_fired_with_a_countdown_reaches_every_subscriber_after_it(mode, records):
+    mode.start("orders", "shipping")
+    event_id = mode.producer.fire("test.ping", ["delayed"], {}, countdown=3)
+    mode.until(lambda: len(records.all(id=event_id)) >= 2)
+    runs = records.all(id=event_id)
+    assert sorted(run["service"] for run in runs) == ["orders", "shipping"]
+    for run in runs:
+        mode.assert_waited(round(run["time"] - datetime.fromisoformat(run["fired_at"]).timestamp(), 6), 3)
+
+
+def test_replaying_the_archive_after_a_fix_handles_each_message_once(mode, records):
+    mode.start("orders")
+    ids = [mode.producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(3)]
+    archived_in(mode, "orders", 3)
+    mode.deploy_fix("orders")
+    report = mode.archive("orders").replay()
+    assert report.replayed == ids and report.unroutable == []
+    mode.until(lambda: all(len(records.all(id=event_id)) == 2 for event_id in ids))
+    mode.quiet(("orders",))
+    for event_id in ids:  # failed once, then handled once after the replay (the attempt count reset)
+        assert [run["attempt"] for run in records.all(id=event_id)] == [1, 1]
+    assert mode.archive("orders").count() == 0
+
+
+def test_current_event_describes_the_event_being_handled(mode, records):
+    mode.start("orders")
+    event_id = mode.producer.fire("test.ping", ["meta"], {"how": {"fail_times": 1}})
+    mode.until(lambda: len(records.all(id=event_id)) >= 2)
+    first, second = records.all(id=event_id)
+    for run, attempt in ((first, 1), (second, 2)):
+        assert (run["id"], run["event"], run["fired_by"], run["attempt"]) == (event_id, "test.ping", "tests", attempt)
+    assert first["fired_at"] == second["fired_at"]  # the fire time, kept across retries
+
+
+def test_an_argument_json_cannot_carry_fails_the_fire(mode, records):
+    mode.start("orders")
+    with pytest.raises(EncodeError):
+        mode.producer.fire("test.ping", [object()], {})
+    event_id = mode.producer.fire("test.ping", ["after"], {})
+    mode.quiet(("orders",))
+    assert [run["tag"] for run in records.all()] == ["after"] and records.all()[0]["id"] == event_id
+
+
+def test_the_archive_keeps_the_newest_messages_up_to_its_length(mode):
+    mode.start("orders", env={"AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "2"})
+    ids = [mode.producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(3)]
+    mode.quiet(("orders",))
+    assert [entry.id for entry in mode.archive("orders").list()] == ids[1:]
