@@ -7,6 +7,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from amqp_events.app import EventsApp, events_app
+from amqp_events.breaker import BreakerPolicy
 from amqp_events.errors import (
     BadArguments,
     DelayTooLong,
@@ -23,8 +24,10 @@ from amqp_events.errors import (
 )
 from amqp_events.events import Event
 from amqp_events.handler import EventHandler, current_event
+from amqp_events.health import Health
 from amqp_events.message import EventMetadata, Reason
-from amqp_events.retry import RetryPolicy
+from amqp_events.policy import RetryPolicy
+from amqp_events.sections import optional, poisonous, retry
 
 try:
     __version__ = version("celery-amqp-events")
@@ -33,12 +36,14 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 
 __all__ = [
     "BadArguments",
+    "BreakerPolicy",
     "DelayTooLong",
     "DuplicateHandler",
     "Event",
     "EventHandler",
     "EventMetadata",
     "EventsApp",
+    "Health",
     "InvalidName",
     "PermanentFailure",
     "PublishError",
@@ -53,4 +58,7 @@ __all__ = [
     "__version__",
     "current_event",
     "events_app",
+    "optional",
+    "poisonous",
+    "retry",
 ]

@@ -16,10 +16,13 @@ from amqp.exceptions import NotFound
 from celery import Task
 
 from amqp_events import _celery_compat, delays
+from amqp_events.breaker import BreakerPolicy
+from amqp_events.breakers import BreakerControl, BreakerState
 from amqp_events.clock import utcnow
 from amqp_events.errors import DuplicateHandler, TopologyMissing
 from amqp_events.events import Event, EventBatch, event_class
 from amqp_events.handler import EventHandler
+from amqp_events.health import Health, HealthCheck
 from amqp_events.logs import log_event
 from amqp_events.message import OutgoingMessage, event_envelope
 from amqp_events.metrics import record_fired
@@ -82,6 +85,8 @@ class EventsApp(_celery_compat.EventsCelery):
         self.home = home or Path.cwd()
         self._handlers: dict[str, str] = {}
         self._settings: Settings | None = None
+        #: Health checks registered with :meth:`health_check`, by name.
+        self.health_checks: dict[str, HealthCheck] = {}
 
     # -- configuration ----------------------------------------------------
 
@@ -318,6 +323,8 @@ class EventsApp(_celery_compat.EventsCelery):
         dont_retry: tuple[type[BaseException], ...] = (),
         inbox: TransactionalInbox | None = None,
         dedup: DedupStore | None = None,
+        breaker: BreakerPolicy | dict[str, Any] | bool | None = None,
+        requires: tuple[str, ...] | list[str] = (),
         **task_options: Any,
     ) -> Callable[[T], T]:
         """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
@@ -330,8 +337,12 @@ class EventsApp(_celery_compat.EventsCelery):
         that records the event, handed to it as its first argument, so that
         its effect happens once; ``dedup`` (a store such as
         :class:`amqp_events.inbox.RedisDedup`) skips events already handled.
-        Other keyword arguments are Celery task options. Returns the
-        decorated object.
+        ``breaker`` (a :class:`~amqp_events.breaker.BreakerPolicy`, a dict of
+        its fields, True or False; default: the app's ``amqp_events_breaker``)
+        pauses consuming this handler's queue while it keeps failing;
+        ``requires`` names health checks (:meth:`health_check`) that pause it
+        while unhealthy. Other keyword arguments are Celery task options.
+        Returns the decorated object.
         """
         event_cls = event if isinstance(event, type) else None
         name = check_event_name(event if isinstance(event, str) else getattr(event, "event_name", None))
@@ -347,6 +358,8 @@ class EventsApp(_celery_compat.EventsCelery):
             "event_class": event_cls,
             "inbox": inbox,
             "dedup": dedup,
+            "breaker": breaker,
+            "requires": tuple(requires),
             **task_options,
         }
 
@@ -374,6 +387,25 @@ class EventsApp(_celery_compat.EventsCelery):
                 )
             self._handlers[name] = described
             return target
+
+        return register
+
+    def event_handlers(self) -> list[EventHandler]:
+        """This service's handler tasks."""
+        return [task for task in self.tasks.values() if isinstance(task, EventHandler) and task.name in self._handlers]
+
+    def health_check(
+        self, name: str, interval: float = 10.0, timeout: float | None = None
+    ) -> Callable[[Callable[[], Health | bool]], Callable[[], Health | bool]]:
+        """Register a function returning a :class:`~amqp_events.health.Health` (or a bool) as the health
+        check ``name``, run by the worker every ``interval`` seconds in a thread (at most ``timeout`` s).
+
+        Handlers that ``require`` it are paused while it is unhealthy.
+        """
+
+        def register(function: Callable[[], Health | bool]) -> Callable[[], Health | bool]:
+            self.health_checks[name] = HealthCheck(name, function, interval, timeout)
+            return function
 
         return register
 
@@ -409,6 +441,8 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
     defaults = {**CELERY_DEFAULTS, **environment_defaults()}
     app.add_defaults(lambda: defaults)
     app.steps["worker"].add(MetricsEndpoint)
+    app.steps["worker"].add(BreakerState)
+    app.steps["consumer"].add(BreakerControl)
     app.steps["consumer"].add(Heartbeat)
     app.steps["consumer"].add(InboxPruning)
     if celery_settings:

@@ -48,6 +48,8 @@ class ArchivedMessage:
     exception_message: str
     traceback: str
     attempts: int
+    #: The handler section it failed in (:mod:`amqp_events.sections`), "" outside any.
+    section: str
     first_failure_at: datetime | None
     last_failure_at: datetime | None
     archived_at: datetime | None
@@ -76,6 +78,7 @@ class ArchivedMessage:
             exception_message=str(headers.get(wire.ARCHIVE_EXCEPTION_MESSAGE) or ""),
             traceback=str(headers.get(wire.ARCHIVE_TRACEBACK) or ""),
             attempts=int(headers.get(wire.ARCHIVE_ATTEMPTS) or 0),
+            section=str(headers.get(wire.ARCHIVE_SECTION) or ""),
             first_failure_at=parse_time(headers.get(wire.ARCHIVE_FIRST_FAILURE_AT)),
             last_failure_at=parse_time(headers.get(wire.ARCHIVE_LAST_FAILURE_AT)),
             archived_at=parse_time(headers.get(wire.ARCHIVED_AT)),
@@ -109,6 +112,7 @@ class ArchivedMessage:
             "exception_type": self.exception_type,
             "exception_message": self.exception_message,
             "attempts": self.attempts,
+            "section": self.section,
             "first_failure_at": _iso(self.first_failure_at),
             "archived_at": _iso(self.archived_at),
             "queue": self.queue,

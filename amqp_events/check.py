@@ -154,6 +154,16 @@ def _replicas(queue: Queue, current: dict[str, Any], group_size: int, nodes: int
     offline = sorted(set(members) - set(online))
     if offline:
         found.append(Difference("note", "queue", queue.name, f"member(s) offline: {', '.join(offline)}"))
+    held = current.get("messages_dlx") or 0
+    if held:
+        found.append(
+            Difference(
+                "note", "queue", queue.name,
+                f"{held} dead-lettered message(s) wait for their target queue's confirm; if the count stays, "
+                f"a node loss stranded them (RabbitMQ 3.10, RELIABILITY.md): restart its leader, "
+                f"{current.get('leader') or '?'}, to send them on",
+            )
+        )  # fmt: skip
     return found
 
 

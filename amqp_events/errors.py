@@ -53,3 +53,7 @@ class Rejected(Exception):
 
 class RetryRequested(Exception):
     """The handler called ``self.retry()`` without an exception."""
+
+
+class BreakerOpen(Exception):
+    """A prefetched message was handed back unrun: its handler's circuit breaker is open."""

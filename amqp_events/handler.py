@@ -19,12 +19,26 @@ from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry
 
 from amqp_events import delays
+from amqp_events.breakers import breakers_of
 from amqp_events.clock import utcnow
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.inbox.base import DedupStore, EffectKey, TransactionalInbox
 from amqp_events.message import ENVELOPE, EventMetadata, Reason, queue_wait
 from amqp_events.metrics import HandlerMetrics, HandlerRun
-from amqp_events.outcome import Ack, CannotRun, Delivery, Failed, Handling, Lost, Redeliver, decide, refusal
+from amqp_events.outcome import (
+    Ack,
+    Archive,
+    CannotRun,
+    Delivery,
+    Failed,
+    Handling,
+    Lost,
+    Outcome,
+    Redeliver,
+    decide,
+    hand_back,
+    refusal,
+)
 from amqp_events.settle import describe, settle
 from amqp_events.topology import event_queue_name
 
@@ -61,6 +75,10 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
     inbox: TransactionalInbox | None = None
     #: The store of effects done (``@app.handler(dedup=...)``), consulted before and recorded after a run.
     dedup: DedupStore | None = None
+    #: ``@app.handler(breaker=...)``: None for the app's ``amqp_events_breaker``.
+    breaker: Any = None
+    #: Names of the health checks it requires (``@app.handler(requires=...)``).
+    requires: tuple[str, ...] = ()
 
     @cached_property
     def handling(self) -> Handling:
@@ -98,6 +116,10 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
             refused = refusal(delivery, self.handling)
             if refused is not None:
                 raise self.conclude(delivery, refused, run)
+            breakers = breakers_of(self.app)
+            if breakers is not None and not breakers.may_run(self.queue_name):  # prefetched before it opened
+                settle(self.app, delivery, hand_back(delivery, utcnow()), self.handling, run)
+                raise Ignore()
             try:
                 args, kwargs = self._fit_arguments(args, kwargs)
             except BadArguments as exc:
@@ -115,6 +137,8 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
             if self.dedup is not None:
                 self._record(key)
             settle(self.app, delivery, Ack(), self.handling, run)
+            if breakers is not None:
+                breakers.report(self.queue_name, failed=False)
             return result
 
     def _run_once(self, key: EffectKey, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -173,6 +197,9 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
         """Decide and carry out the outcome of a failure; returns the exception that makes Celery ack."""
         outcome = decide(delivery, happened, self.handling, utcnow())
         settle(self.app, delivery, outcome, self.handling, run)
+        breakers = breakers_of(self.app)
+        if breakers is not None and _unexpected_failure(happened, outcome):
+            breakers.report(self.queue_name, failed=True)
         celery_says: Exception = Ignore()  # archived
         if isinstance(outcome, Redeliver):
             error = outcome.error
@@ -208,6 +235,14 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
                 raise BadArguments(f"{self.handler_name}{self._signature} cannot take this payload: {exc}") from exc
             self._fitting_shapes.add(shape)
         return args, kwargs
+
+
+def _unexpected_failure(happened: Failed | CannotRun, outcome: Outcome) -> bool:
+    """Does this outcome count against the handler's breaker? Failures that are retried, or archived
+    for running out of retries; not bad input, poison or failures declared permanent."""
+    if not isinstance(happened, Failed):
+        return False
+    return isinstance(outcome, Redeliver) or (isinstance(outcome, Archive) and outcome.reason == Reason.MAX_RETRIES)
 
 
 def delivery_of(request: Any, queue: str) -> Delivery:

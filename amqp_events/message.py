@@ -10,6 +10,8 @@ runs it: the ``task`` header is the event name, ``id`` is the event id and
 ``first_failure_at`` ISO-8601 UTC time its handler first failed (retries only)
 ``due_at``           ISO-8601 UTC time a delayed copy's wait ends (delayed only)
 ``lost_runs``        how many times the process running it died (redelivered copies)
+``section_retries``  retries used per ``retry`` section of the handler, by section name
+``failed_section``   the section whose failure caused this retry (absent: the handler's own policy)
 ==================== ========================================================
 
 Archived messages carry the ``archive_*`` headers of :data:`ARCHIVE_HEADERS`.
@@ -37,6 +39,8 @@ FIRED_BY = "fired_by"
 FIRST_FAILURE_AT = "first_failure_at"
 DUE_AT = "due_at"
 LOST_RUNS = "lost_runs"
+SECTION_RETRIES = "section_retries"
+FAILED_SECTION = "failed_section"
 #: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).
 ENVELOPE = ("task", "id", "root_id", "parent_id", "group", "origin", "lang", "retries")
 
@@ -120,8 +124,12 @@ def json_body(body: Any) -> bytes:
 
 def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dict[str, Any]:
     """Headers for a new copy of ``original`` (a retry, a replay): the event's own and the
-    application's headers are kept; the broker's history, archive records and per-copy timing are not."""
+    application's headers are kept; the broker's history, archive records and per-copy timing are not.
+    A copy that starts over (``retries`` 0, a replay) starts its sections' counts over too."""
     headers = {key: value for key, value in original.items() if not _one_copy_only(key)}
+    if not retries:
+        headers.pop(SECTION_RETRIES, None)
+        headers.pop(FAILED_SECTION, None)
     headers["retries"] = retries
     headers.update({key: value for key, value in extra.items() if value is not None})
     return headers
@@ -145,6 +153,8 @@ class EventMetadata:
     fired_by: str | None
     #: 1 for the first run, 2 for the first retry, ...
     attempt: int
+    #: The handler section (:mod:`amqp_events.sections`) whose failure caused this retry, if one did.
+    failed_section: str | None = None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any]) -> EventMetadata:
@@ -154,7 +164,16 @@ class EventMetadata:
             fired_at=parse_time(headers.get(FIRED_AT)),
             fired_by=headers.get(FIRED_BY),
             attempt=int(headers.get("retries") or 0) + 1,
+            failed_section=headers.get(FAILED_SECTION) or None,
         )
+
+
+def section_retries(headers: Mapping[str, Any]) -> dict[str, int]:
+    """Retries used so far per ``retry`` section (the ``section_retries`` header; unreadable entries skipped)."""
+    counts = headers.get(SECTION_RETRIES)
+    if not isinstance(counts, Mapping):
+        return {}
+    return {str(name): n for name, n in counts.items() if isinstance(n, int) and n >= 0}
 
 
 def queue_wait(headers: Mapping[str, Any], now: datetime | None = None) -> float | None:
@@ -192,6 +211,7 @@ ARCHIVE_EXCEPTION_TYPE = "archive_exception_type"
 ARCHIVE_EXCEPTION_MESSAGE = "archive_exception_message"
 ARCHIVE_TRACEBACK = "archive_traceback"
 ARCHIVE_ATTEMPTS = "archive_attempts"
+ARCHIVE_SECTION = "archive_section"
 ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
 ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
 ARCHIVED_AT = "archived_at"
@@ -206,6 +226,7 @@ ARCHIVE_HEADERS = (
     ARCHIVE_EXCEPTION_MESSAGE,
     ARCHIVE_TRACEBACK,
     ARCHIVE_ATTEMPTS,
+    ARCHIVE_SECTION,
     ARCHIVE_FIRST_FAILURE_AT,
     ARCHIVE_LAST_FAILURE_AT,
     ARCHIVED_AT,
@@ -222,6 +243,8 @@ class Reason(str, Enum):
     FORBIDDEN_CONTENT_TYPE = "forbidden_content_type"
     UNKNOWN_EVENT = "unknown_event"
     BAD_ARGUMENTS = "bad_arguments"
+    #: It failed inside a ``poisonous()`` section: it can never succeed on a retry.
+    POISONOUS = "poisonous"
 
     def __str__(self) -> str:
         return self.value
@@ -238,6 +261,8 @@ class Failure:
     attempts: int = 0
     first_failure_at: datetime | None = None
     last_failure_at: datetime = field(default_factory=utcnow)
+    #: The handler section it failed in ("" outside any section).
+    section: str = ""
 
     @classmethod
     def from_exception(
@@ -247,6 +272,7 @@ class Failure:
         attempts: int = 0,
         first_failure_at: datetime | None = None,
         now: datetime | None = None,
+        section: str = "",
     ) -> Failure:
         return cls(
             reason=reason,
@@ -256,6 +282,7 @@ class Failure:
             attempts=attempts,
             first_failure_at=first_failure_at,
             last_failure_at=now or utcnow(),
+            section=section,
         )
 
 
@@ -293,6 +320,7 @@ def archived_message(delivered: Delivered, failure: Failure, service: str, handl
             ARCHIVE_EXCEPTION_MESSAGE: failure.exception_message,
             ARCHIVE_TRACEBACK: failure.traceback,
             ARCHIVE_ATTEMPTS: failure.attempts,
+            ARCHIVE_SECTION: failure.section,
             ARCHIVE_FIRST_FAILURE_AT: isoformat(failure.first_failure_at or failure.last_failure_at),
             ARCHIVE_LAST_FAILURE_AT: isoformat(failure.last_failure_at),
             ARCHIVED_AT: isoformat(now),

@@ -19,17 +19,19 @@ returns (:mod:`amqp_events.settle`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from amqp_events import delays
-from amqp_events.errors import Rejected, WorkerLost
+from amqp_events.errors import BreakerOpen, Rejected, WorkerLost
 from amqp_events.message import (
     EMPTY_EMBED,
+    FAILED_SECTION,
     FIRST_FAILURE_AT,
     JSON,
     LOST_RUNS,
+    SECTION_RETRIES,
     Delivered,
     Failure,
     OutgoingMessage,
@@ -40,9 +42,11 @@ from amqp_events.message import (
     isoformat,
     json_body,
     parse_time,
+    section_retries,
     was_rejected,
 )
-from amqp_events.retry import GiveUp, RetryPolicy
+from amqp_events.policy import GiveUp, RetryPolicy
+from amqp_events.sections import Section, section_of
 from amqp_events.settings import Settings
 
 
@@ -145,10 +149,12 @@ class Redeliver:
     copy: OutgoingMessage
     delay: int
     error: BaseException
-    #: ``retry`` after a failure, ``redeliver`` after a lost pool process.
+    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``hand_back`` unrun (breaker open).
     why: str = "retry"
 
-    kind = "retry_scheduled"
+    @property
+    def kind(self) -> str:
+        return "handed_back" if self.why == "hand_back" else "retry_scheduled"
 
 
 @dataclass(frozen=True)
@@ -211,16 +217,7 @@ def decide(delivery: Delivery, happened: Happened, handling: Handling, now: date
     if isinstance(happened, Succeeded):
         return Ack()
     if isinstance(happened, Failed):
-        decision = handling.policy.decide(
-            happened.error, delivery.retries, countdown=happened.countdown, max_retries=happened.max_retries
-        )
-        if isinstance(decision, GiveUp):
-            return archive(delivery, decision.reason, happened.error, delivery.retries + 1, handling, now)
-        first_failure_at = parse_time(delivery.headers.get(FIRST_FAILURE_AT)) or now
-        headers = copy_headers(
-            delivery.headers, delivery.retries + 1, **{FIRST_FAILURE_AT: isoformat(first_failure_at)}
-        )
-        return Redeliver(back_to_queue(delivery, headers, decision.delay, now), decision.delay, happened.error)
+        return after_failure(delivery, happened, handling, now)
     if isinstance(happened, Lost):
         lost = delivery.lost_runs + 1
         error = WorkerLost(f"the process running the handler died ({lost} time(s) so far)")
@@ -233,6 +230,54 @@ def decide(delivery: Delivery, happened: Happened, handling: Handling, now: date
     return archive(delivery, happened.reason, happened.error, delivery.retries + ran, handling, now)
 
 
+def after_failure(delivery: Delivery, failed: Failed, handling: Handling, now: datetime) -> Outcome:
+    """A failure's outcome, by the policy of the section it happened in (:mod:`amqp_events.sections`).
+
+    A ``retry`` section counts its own retries (``section_retries``); the
+    handler's policy counts the retries no section claimed.
+    """
+    section = section_of(failed.error)
+    attempts = delivery.retries + 1
+    if section is not None and section.kind == "poisonous":
+        return archive(delivery, Reason.POISONOUS, failed.error, attempts, handling, now, section.name)
+    counts = section_retries(delivery.headers)
+    if section is None:
+        policy, used = handling.policy, max(0, delivery.retries - sum(counts.values()))
+    else:
+        policy, used = within(handling.policy, section), counts.get(section.name, 0)
+    decision = policy.decide(failed.error, used, countdown=failed.countdown, max_retries=failed.max_retries)
+    name = section.name if section is not None else ""
+    if isinstance(decision, GiveUp):
+        return archive(delivery, decision.reason, failed.error, attempts, handling, now, name)
+    first_failure_at = parse_time(delivery.headers.get(FIRST_FAILURE_AT)) or now
+    headers = copy_headers(delivery.headers, attempts, **{FIRST_FAILURE_AT: isoformat(first_failure_at)})
+    headers.pop(FAILED_SECTION, None)
+    if section is not None:
+        headers[SECTION_RETRIES] = {**counts, section.name: used + 1}
+        headers[FAILED_SECTION] = section.name
+    return Redeliver(back_to_queue(delivery, headers, decision.delay, now), decision.delay, failed.error)
+
+
+def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
+    """``policy`` with a ``retry`` section's own values where it sets them."""
+    return replace(
+        policy,
+        max_retries=policy.max_retries if section.max_retries is None else section.max_retries,
+        backoff_base=policy.backoff_base if section.backoff_base is None else section.backoff_base,
+        backoff_max=policy.backoff_max if section.backoff_max is None else section.backoff_max,
+    )
+
+
+def hand_back(delivery: Delivery, now: datetime) -> Redeliver:
+    """A message taken while its handler's breaker was open goes back unrun, its counters unchanged."""
+    headers = {**copy_headers(delivery.headers, delivery.retries)}
+    for name in (LOST_RUNS, FAILED_SECTION):
+        if name in delivery.headers:
+            headers[name] = delivery.headers[name]
+    error = BreakerOpen("the handler's circuit breaker is open")
+    return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="hand_back")
+
+
 def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
     """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first."""
     direct = OutgoingMessage("", delivery.queue, headers, delivery.task_body(), delivery.event_id)
@@ -240,15 +285,22 @@ def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: 
 
 
 def archive(
-    delivery: Delivery, reason: Reason, error: BaseException, attempts: int, handling: Handling, now: datetime
+    delivery: Delivery,
+    reason: Reason,
+    error: BaseException,
+    attempts: int,
+    handling: Handling,
+    now: datetime,
+    section: str = "",
 ) -> Archive:
-    """The outcome that sends ``delivery`` to the archive with ``reason``."""
+    """The outcome that sends ``delivery`` to the archive with ``reason`` (failed in ``section``, if any)."""
     failure = Failure.from_exception(
         reason,
         error,
         attempts=attempts,
         first_failure_at=parse_time(delivery.headers.get(FIRST_FAILURE_AT)),
         now=now,
+        section=section,
     )
     if delivery.raw_body is not None:
         body, content_type, content_encoding = delivery.raw_body, delivery.content_type, delivery.content_encoding

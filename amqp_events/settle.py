@@ -44,7 +44,7 @@ def _count_and_log(delivery: Delivery, outcome: Outcome, handling: Handling, run
     if isinstance(outcome, Redeliver):
         if run is not None:
             run.finish(outcome.kind, outcome.error, "retry")
-        what = "retrying" if outcome.why == "retry" else "redelivering"
+        what = {"retry": "retrying", "redeliver": "redelivering"}.get(outcome.why, "handed back, breaker open")
         _log(delivery, handling, what, logging.INFO, delay=outcome.delay, error=describe(outcome.error))
         return
     if run is not None:

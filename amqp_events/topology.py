@@ -18,6 +18,7 @@ layout (README, "Topology") for a service ``orders`` handling ``E`` events:
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -84,6 +85,18 @@ def events_exchange(settings: Settings) -> Exchange:
 def heartbeats_exchange() -> Exchange:
     """Where workers announce themselves every few seconds (read by ``amqp-events exporter``)."""
     return Exchange(f"{delays.PREFIX}.heartbeats", "fanout", durable=True, auto_delete=False)
+
+
+def heartbeats_listener(listener: str) -> Queue:
+    """A private queue receiving every heartbeat while ``listener`` (the exporter, the CLI) reads them."""
+    return Queue(
+        f"{delays.PREFIX}.{listener}.{uuid.uuid4().hex[:12]}",
+        exchange=heartbeats_exchange(),
+        exclusive=True,
+        auto_delete=True,
+        durable=False,
+        queue_arguments={"x-message-ttl": 60_000},
+    )
 
 
 def delivery_exchange() -> Exchange:

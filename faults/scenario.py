@@ -88,6 +88,8 @@ class Report:
     relay_kills: int = 0
     outbox_left: int = 0
     broker_restarts: int = 0
+    #: Leaders restarted to send on dead letters a node loss stranded (RabbitMQ 3.10; RELIABILITY.md).
+    stranded_restarts: list[str] = field(default_factory=list)
     bad_inputs: int = 0
     refused_bad_inputs: int = 0
     seconds: float = 0.0
@@ -129,6 +131,11 @@ class Report:
             ("worker processes SIGKILLed and restarted", self.worker_kills),
             ("broker crashes (SIGKILL) and restarts", self.broker_restarts),
             *([("cluster nodes SIGKILLed in rotation, then restarted", self.node_kills)] if self.cluster else []),
+            *(
+                [("leaders restarted to free stranded dead letters (RabbitMQ 3.10)", self.stranded_restarts or "none")]
+                if self.cluster
+                else []
+            ),
             ("bad inputs published", self.bad_inputs),
             ("bad inputs the broker refused at publish time", self.refused_bad_inputs),
             ("duration (s)", round(self.seconds)),
@@ -229,7 +236,8 @@ def run(
             for index, process in enumerate(processes):
                 if not process.is_running():
                     processes[index] = restart(process)
-        audit(url, node.management, journal, committed, report, deadline, database if outbox else None)
+        unstick = StrandedDeadLetters(node, report) if isinstance(node, LocalCluster) else None
+        audit(url, node.management, journal, committed, report, deadline, database if outbox else None, unstick)
         if inbox and database is not None:
             count_effects(database, committed, report)
             report.skipped_duplicates = sum(
@@ -347,6 +355,7 @@ def audit(
     report: Report,
     deadline: float,
     database: Engine | None = None,
+    unstick: StrandedDeadLetters | None = None,
 ) -> None:
     """Wait (bounded) until every event reached its end, then record what is missing or left over."""
     app = events_app("auditor", broker_url=url)
@@ -366,6 +375,8 @@ def audit(
         settled = expected_handled <= set(handled) and expected_archive <= set(archived_keys) and not leftover
         if (settled and not outbox_left) or time.monotonic() > end:
             break
+        if unstick is not None:
+            unstick.look(management)
         time.sleep(2)
     time.sleep(6)  # the management API's queue counts lag by up to 5 s: look once more
     leftover = leftover_messages(management, "faults")
@@ -382,6 +393,36 @@ def audit(
     rolled_back = {seq for seq in range(report.events) if seq not in confirmed} if outbox is not None else set()
     report.phantoms = sorted({run["seq"] for run in runs} & rolled_back)
     app.close()
+
+
+class StrandedDeadLetters:
+    """The operator's remedy for RabbitMQ 3.10's stranded dead letters (RELIABILITY.md), applied as documented.
+
+    After a node loss, a quorum queue's at-least-once dead-lettering can keep
+    messages (``messages_dlx``) waiting forever for a confirm from a target
+    queue. They are not lost: restarting the node that leads the source
+    queue starts a new dead-letter worker, which sends them on. Restart it
+    when the count has not moved for ``patience`` seconds.
+    """
+
+    def __init__(self, cluster: LocalCluster, report: Report, patience: float = 30.0) -> None:
+        self.cluster, self.report, self.patience = cluster, report, patience
+        self.seen: dict[str, tuple[int, float]] = {}
+
+    def look(self, management: ManagementAPI) -> None:
+        now = time.monotonic()
+        held = {queue["name"]: queue for queue in management.queues("faults") if queue.get("messages_dlx")}
+        self.seen = {
+            name: self.seen[name] if name in self.seen and self.seen[name][0] == queue["messages_dlx"]
+            else (queue["messages_dlx"], now)
+            for name, queue in held.items()
+        }  # fmt: skip
+        stuck = {held[name].get("leader") for name, (_, since) in self.seen.items() if now - since > self.patience}
+        for index in range(self.cluster.size):
+            if self.cluster.node_name(index) in stuck:
+                self.report.stranded_restarts.append(self.cluster.node_name(index))
+                self.cluster.restart(index)
+                self.seen.clear()
 
 
 def archive_contents(app: object) -> tuple[Counter[str], Counter[str]]:

@@ -338,6 +338,42 @@ def test_an_argument_json_cannot_carry_fails_the_fire(mode, records):
     assert [run["tag"] for run in records.all()] == ["after"] and records.all()[0]["id"] == event_id
 
 
+def test_sections_count_their_own_retries_and_the_handlers_policy_counts_the_rest(mode, records):
+    mode.start("orders")
+    fail = {"notify": True, "capture": 3, "plain": [4]}  # handler: max_retries=1; "capture": 3 retries
+    event_id = mode.producer.fire("test.sections", ["mixed"], {"fail": fail})
+    mode.until(lambda: len(records.all(id=event_id)) >= 5)
+    mode.quiet(("orders",))
+    runs = records.all(id=event_id)
+    assert [run["attempt"] for run in runs] == [1, 2, 3, 4, 5]  # the optional section never failed a run
+    assert [run["failed_section"] for run in runs] == [None, "capture", "capture", "capture", None]
+    for waited, delay in zip(waits(runs), [1, 2, 4, 1], strict=True):  # the section's backoff, then the handler's
+        mode.assert_waited(waited, delay)
+    assert mode.archive("orders").list() == []
+
+
+def test_a_retry_section_that_runs_out_archives_with_its_name(mode, records):
+    mode.start("orders")
+    event_id = mode.producer.fire("test.sections", ["down"], {"fail": {"capture": 99}})
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.attempts, archived.section) == (
+        event_id, Reason.MAX_RETRIES, 4, "capture"
+    )  # fmt: skip
+    assert archived.exception_type == "builtins.ConnectionError"
+    assert [run["attempt"] for run in records.all(id=event_id)] == [1, 2, 3, 4]
+
+
+def test_a_poisonous_section_archives_at_once(mode, records):
+    mode.start("orders")
+    event_id = mode.producer.fire("test.sections", ["poison"], {"fail": {"parse": True, "notify": True}})
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.attempts, archived.section) == (
+        event_id, Reason.POISONOUS, 1, "parse"
+    )  # fmt: skip
+    assert archived.exception_type == "builtins.KeyError"
+    assert len(records.all(id=event_id)) == 1
+
+
 def test_the_archive_keeps_the_newest_messages_up_to_its_length(mode):
     mode.start("orders", env={"AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "2"})
     ids = [mode.producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(3)]

@@ -66,7 +66,7 @@ def test_the_dashboard_has_service_and_handler_variables_and_the_promised_panels
     dashboard = json.loads((MONITORING / "dashboard.json").read_text())
     assert {"service", "handler"} <= {variable["name"] for variable in dashboard["templating"]["list"]}
     titles = " | ".join(panel["title"] for panel in dashboard["panels"]).lower()
-    for topic in ("outcome", "exception", "duration", "queue depth", "archive", "workers online"):
+    for topic in ("outcome", "exception", "duration", "queue depth", "archive", "workers online", "circuit breakers"):
         assert topic in titles
 
 

@@ -22,7 +22,7 @@ from amqp_events.outcome import (
     decide,
     refusal,
 )
-from amqp_events.retry import RetryPolicy
+from amqp_events.policy import RetryPolicy
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
 QUEUE = "orders:billing.invoice.paid"

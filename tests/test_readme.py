@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -52,19 +53,19 @@ def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
 
 def test_the_in_process_testing_examples_pass_as_written_without_a_broker(tmp_path):
     files = code_blocks()
-    tests = {"tests/conftest.py", "tests/test_invoices.py", "tests/test_payments.py"}
+    tests = {"tests/conftest.py", "tests/test_invoices.py", "tests/test_payments.py", "tests/test_capture.py"}
     assert tests <= set(files)
-    for name in (*tests, "orders/celery.py", "orders/handlers.py", "shipping/celery.py"):
+    for name in (*tests, "orders/celery.py", "orders/handlers.py", "shipping/celery.py", "payments/handlers.py"):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(files[name])  # README_BROKER as written: nothing listens there, nothing may connect
-    for package in ("orders", "shipping"):
+    for package in ("orders", "shipping", "payments"):
         (tmp_path / package / "__init__.py").write_text("")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     ran = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "3 passed" in ran.stdout
+    assert "5 passed" in ran.stdout
 
 
 def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_url, monkeypatch):
@@ -190,3 +191,70 @@ def test_the_exactly_once_examples_work_as_written(
     with engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM payments")).scalar_one() == 1
     engine.dispose()
+
+
+def test_the_circuit_breaker_example_works_as_written(tmp_path, start_worker, broker_url, monkeypatch):
+    import http.server
+    import threading
+
+    from amqp_events import events_app
+
+    class Bank(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    def bank_up(port: int = 0) -> http.server.HTTPServer:
+        server = http.server.HTTPServer(("127.0.0.1", port), Bank)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    source = code_blocks()["ledger/celery.py"]
+    assert "interval=10" in source
+    (tmp_path / "ledger").mkdir()
+    (tmp_path / "ledger" / "__init__.py").write_text("")
+    (tmp_path / "ledger" / "celery.py").write_text(
+        source.replace(README_BROKER, broker_url).replace("interval=10", "interval=1")  # a quicker test
+    )
+    bank = bank_up()
+    port = bank.server_address[1]
+    env = {"PYTHONPATH": str(tmp_path), "BANK_URL": f"http://127.0.0.1:{port}"}
+    start_worker("ledger.celery", cwd=tmp_path, env=env)
+    producer = events_app("tests", broker_url=broker_url)
+
+    def consumers(queue: str) -> tuple[int, int]:
+        with producer.connection_for_read() as connection:
+            declared = connection.default_channel.queue_declare(queue, passive=True)
+            return declared.message_count, declared.consumer_count
+
+    paid, voided = "ledger:billing.invoice.paid", "ledger:billing.invoice.voided"
+    wait_for(lambda: consumers(paid) == (0, 1), 30, what="the worker consuming")
+    bank.shutdown()
+    bank.server_close()
+    wait_for(lambda: consumers(paid)[1] == 0, 10, what="post_to_bank paused: the bank's API is unhealthy")
+    producer.fire("billing.invoice.paid", [42, "10.00"], {})
+    time.sleep(1)
+    assert consumers(paid) == (1, 0)  # waiting on the broker
+    bank = bank_up(port)
+    wait_for(lambda: consumers(paid) == (0, 1), 10, what="post_to_bank resumed and the event handled")
+    bank.shutdown()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BANK_URL", env["BANK_URL"])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runner = CliRunner()
+    lines = [line.strip() for line in section("Circuit breakers and health checks").splitlines()]
+    assert any("`amqp-events -A APP breakers open post_to_bank`" in line for line in lines)
+    for action, count in (("open", 0), ("close", 1)):
+        result = runner.invoke(main, ["-A", "ledger.celery", "breakers", action, "void_posting"])
+        assert result.exit_code == 0 and f"{action}: 1 worker(s)" in result.output, result.output
+        assert consumers(voided)[1] == count
+    listed = runner.invoke(main, ["-A", "ledger.celery", "breakers", "--wait", "3"])
+    assert "breaker  half-open  ledger.celery.void_posting" in listed.output, (
+        listed.output
+    )  # its probe awaits a message
+    assert "health   unhealthy  bank-api" in listed.output, listed.output
+    producer.close()

@@ -99,3 +99,15 @@ def test_bad_event_names_are_refused(event):
 def test_a_custom_events_exchange():
     queue = topology(Settings(exchange="company.events")).queue("orders:users.registered")
     assert queue.exchange.name == "company.events"
+
+
+def test_the_check_notes_dead_letters_a_queue_holds_with_its_leader():
+    from kombu import Queue
+
+    from amqp_events.check import _replicas
+
+    live = {"members": ["a@h", "b@h", "c@h"], "online": ["a@h", "b@h", "c@h"], "leader": "b@h", "messages_dlx": 4}
+    [note] = _replicas(Queue("amqp_events.delay.00"), live, group_size=3, nodes=3)
+    assert note.kind == "note" and not note.wrong
+    assert "4 dead-lettered message(s)" in note.detail and "restart its leader, b@h" in note.detail
+    assert _replicas(Queue("q"), {**live, "messages_dlx": 0}, group_size=3, nodes=3) == []

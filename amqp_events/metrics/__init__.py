@@ -64,7 +64,8 @@ def instruments() -> dict[str, Any]:
             ["service", "event", "result"],
         ),
         "outcomes": Counter(
-            PREFIX + "handler_outcomes", "Handler runs by outcome: success, retry_scheduled or archived.",
+            PREFIX + "handler_outcomes",
+            "Handler runs by outcome: success, skipped, retry_scheduled, handed_back, archived.",
             ["service", "handler", "outcome"],
         ),
         "failures": Counter(
@@ -94,6 +95,21 @@ def instruments() -> dict[str, Any]:
         "duplicates": Counter(
             PREFIX + "duplicates_skipped", "Deliveries skipped because the handler's effect had happened already.",
             ["service", "handler"],
+        ),
+        "optional_failures": Counter(
+            PREFIX + "optional_failures", "Failures inside optional() sections: logged, and the handler went on.",
+            ["service", "handler", "section"],
+        ),
+        "breaker_state": Gauge(
+            PREFIX + "breaker_state", "A handler's circuit breaker: 0 closed, 1 open, 2 half-open.",
+            ["service", "handler"], multiprocess_mode="max",
+        ),
+        "breaker_trips": Counter(
+            PREFIX + "breaker_trips", "Times a handler's circuit breaker opened after failures.", ["service", "handler"]
+        ),
+        "health": Gauge(
+            PREFIX + "health_check_state", "A health check's state: 0 healthy, 1 degraded, 2 unhealthy.",
+            ["service", "check"], multiprocess_mode="max",
         ),
         "outbox_published": Counter(
             PREFIX + "outbox_published", "Outbox rows a relay published (confirmed) and deleted.", ["service"]
@@ -130,6 +146,24 @@ def record_duplicate(service: str, handler: str) -> None:
         instruments()["duplicates"].labels(service, handler).inc()
 
 
+def record_optional_failure(service: str, handler: str, section: str) -> None:
+    if AVAILABLE:
+        instruments()["optional_failures"].labels(service, handler, section).inc()
+
+
+def record_breaker(service: str, handler: str, state: int, tripped: bool) -> None:
+    if AVAILABLE:
+        metrics = instruments()
+        metrics["breaker_state"].labels(service, handler).set(int(state))
+        if tripped:
+            metrics["breaker_trips"].labels(service, handler).inc()
+
+
+def record_health(service: str, check: str, state: int) -> None:
+    if AVAILABLE:
+        instruments()["health"].labels(service, check).set(state)
+
+
 def record_archived(service: str, event: str, reason: str) -> None:
     if AVAILABLE:
         instruments()["archived"].labels(service, event, reason).inc()
@@ -160,7 +194,7 @@ class HandlerMetrics:
         self._failures.labels(*self._labels, self.exception_labels.label(exception), disposition).inc()
 
 
-OUTCOMES = ("success", "skipped", "retry_scheduled", "archived")
+OUTCOMES = ("success", "skipped", "retry_scheduled", "handed_back", "archived")
 FINAL_OUTCOMES = ("success", "archived")
 
 

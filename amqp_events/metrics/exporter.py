@@ -20,7 +20,6 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +29,7 @@ from kombu import Connection, Queue
 
 from amqp_events import delays
 from amqp_events.management import ManagementAPI, ManagementError
-from amqp_events.topology import Topology, heartbeats_exchange
+from amqp_events.topology import Topology, heartbeats_listener
 
 if TYPE_CHECKING:
     from amqp_events.app import EventsApp
@@ -200,14 +199,7 @@ class Exporter:
                 self._stop.wait(2)
 
     def _listen(self) -> None:
-        queue = Queue(
-            f"amqp_events.exporter.{uuid.uuid4().hex[:12]}",
-            exchange=heartbeats_exchange(),
-            exclusive=True,
-            auto_delete=True,
-            durable=False,
-            queue_arguments={"x-message-ttl": 60_000},
-        )
+        queue = heartbeats_listener("exporter")
         with (
             self.app.connection_for_read() as connection,
             connection.Consumer(queue, callbacks=[self._on_heartbeat], accept=["json"]),

@@ -30,6 +30,7 @@ from typing import Any
 from celery import bootsteps, signals
 from kombu import Producer
 
+from amqp_events.breakers import breakers_of
 from amqp_events.metrics import AVAILABLE
 from amqp_events.topology import heartbeats_exchange
 
@@ -149,7 +150,10 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.producer is None:
             return
         interval = c.app.events_settings.heartbeat_interval
-        body = {"service": c.app.service, "worker": c.hostname, "state": state, "time": time.time()}
+        body: dict[str, Any] = {"service": c.app.service, "worker": c.hostname, "state": state, "time": time.time()}
+        breakers = breakers_of(c.app)
+        if breakers is not None:
+            body["breakers"], body["health"] = breakers.states(), breakers.health()
         try:
             self.producer.publish(
                 json.dumps(body),

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from amqp_events import PermanentFailure, current_event
+from amqp_events import PermanentFailure, current_event, optional, poisonous, retry
 from amqp_events.clock import utcnow
 
 
@@ -59,3 +59,26 @@ def behave(task: Any, service: str, tag: str, how: dict[str, Any] | None) -> Non
         raise task.retry(countdown=how["countdown"], max_retries=how.get("retry_max_retries"))
     if attempt <= how.get("fail_times", 0) or how.get("always_fail"):
         raise Flaky(f"{tag} failed on attempt {attempt}")
+
+
+def in_sections(service: str, tag: str, fail: dict[str, Any]) -> None:
+    """A handler with an optional, a retry and a poisonous section; ``fail`` says which fail, and when.
+
+    ``notify``: the optional section fails every time; ``capture``: the retry section (3 retries, its own
+    backoff) fails on the first N attempts; ``parse``: the poisonous section fails; ``plain``: the attempts
+    on which the handler fails outside any section (the handler's own policy).
+    """
+    fail = {} if os.environ.get("FIXED") else fail
+    event = current_event()
+    record(service, tag=tag, failed_section=event.failed_section)
+    with optional(ConnectionError, name="notify"):
+        if fail.get("notify"):
+            raise ConnectionError("the notification service is down")
+    with retry(max_retries=3, backoff_base=1, on=(ConnectionError,), name="capture"):
+        if event.attempt <= fail.get("capture", 0):
+            raise ConnectionError(f"payments down on attempt {event.attempt}")
+    with poisonous(name="parse"):
+        if fail.get("parse"):
+            raise KeyError("amount")
+    if event.attempt in fail.get("plain", ()):
+        raise Flaky(f"{tag} failed on attempt {event.attempt}")

@@ -4,7 +4,7 @@ import os
 
 from amqp_events.celery import events_app
 from services import catalog
-from services.behaviour import behave, record
+from services.behaviour import behave, in_sections, record
 
 app = events_app(
     "orders",
@@ -29,6 +29,11 @@ def on_ping(self, tag, how=None):
 @app.handler("test.orders_only", bind=True, max_retries=int(os.environ.get("HANDLER_MAX_RETRIES", "1")))
 def on_orders_only(self, tag, how=None):
     behave(self, "orders", tag, how)
+
+
+@app.handler("test.sections", max_retries=1)
+def on_sections(tag, fail):
+    in_sections("orders", tag, fail)
 
 
 @app.handler("billing.invoice.paid")

@@ -33,7 +33,7 @@ from typing import Any
 
 from amqp.exceptions import NotFound
 from kombu import Exchange
-from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, ExchangeType
+from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, ExchangeType, TopicExchange
 
 from amqp_events.message import X_DEATH, X_DELIVERY_COUNT
 from amqp_events.topology import Topology
@@ -97,6 +97,12 @@ class Route:
     destination: tuple[bool, str]  # (to_exchange, name)
 
 
+class AmqpTopicExchange(TopicExchange):
+    """kombu's topic exchange, with RabbitMQ's ``*``: one word. Before kombu 5.7 it could match several."""
+
+    wildcards = {**TopicExchange.wildcards, "*": r"[^\.]+"}  # noqa: RUF012  # kombu's attribute, as kombu types it
+
+
 class MemoryBroker:
     """Exchanges, queues and bindings in memory; every method runs at once, in the caller's thread."""
 
@@ -105,7 +111,7 @@ class MemoryBroker:
         self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}
         self.queues: dict[str, MemoryQueue] = {}
         self.routes: dict[str, list[Route]] = {}
-        types: dict[str, Any] = STANDARD_EXCHANGE_TYPES
+        types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange}
         self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
         self._seq = itertools.count(1)
 

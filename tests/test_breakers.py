@@ -1,0 +1,147 @@
+"""Circuit breakers and health checks on a real broker with real workers (the state machine: test_breaker.py)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amqp_events import EventsApp
+from amqp_events.testing import wait_for
+
+CHARGE, NOTE, BOOK = "guarded:guarded.charge", "guarded:guarded.note", "guarded:guarded.book"
+
+pytestmark = pytest.mark.broker
+
+
+def queue_state(producer: EventsApp, queue: str) -> tuple[int, int]:
+    """(ready messages, consumers) of ``queue``, exact, from a passive declare."""
+    with producer.connection_for_read() as connection:
+        declared = connection.default_channel.queue_declare(queue, passive=True)
+        return declared.message_count, declared.consumer_count
+
+
+def fire(producer: EventsApp, event: str, numbers: range) -> None:
+    with producer.batch():
+        for n in numbers:
+            producer.fire(event, [n], {})
+
+
+@pytest.fixture
+def flags(tmp_path: Path) -> Path:
+    """The directory of the ``guarded`` service's dependency switches."""
+    (tmp_path / "flags").mkdir()
+    return tmp_path / "flags"
+
+
+def start(worker: Any, flags: Path, *, breaker: bool = True, **options: Any) -> Any:
+    env = {"FLAGS_DIR": str(flags), "MAX_RETRIES": "5", "BREAKER": "on" if breaker else "off"}
+    return worker("guarded", env=env, **options)
+
+
+def outage(producer: EventsApp, records: Any, flags: Path, events: int, seconds: float) -> dict[str, Any]:
+    """``payments-down`` for ``seconds`` while ``events`` charges and as many notes arrive; then until all
+    charges succeeded. Returns what was measured."""
+    (flags / "payments-down").touch()
+    down_at = time.monotonic()
+    fire(producer, "guarded.charge", range(events))
+    fire(producer, "guarded.note", range(events))
+    held = []
+    while time.monotonic() - down_at < seconds:
+        time.sleep(1)
+        held.append(queue_state(producer, CHARGE)[0])
+    notes_during = len({run["tag"] for run in records.all() if run["tag"].startswith("note-")})
+    (flags / "payments-down").unlink()
+
+    def charged() -> bool:
+        return len({run["tag"] for run in records.all(failed=False) if run["tag"].startswith("charge-")}) == events
+
+    wait_for(charged, 120, what="every charge handled after the recovery")
+    runs = [run for run in records.all() if run["tag"].startswith("charge-")]
+    return {
+        "failed_attempts": sum(1 for run in runs if run["failed"]),
+        "successes": Counter(run["tag"] for run in runs if not run["failed"]),
+        "held": held,
+        "notes_during": notes_during,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_open_breaker_keeps_the_messages_on_the_broker_through_an_outage(
+    worker, producer, records, archive_of, flags, capsys
+):
+    guarded = start(worker, flags)
+    with_breaker = outage(producer, records, flags, events=500, seconds=20)
+    guarded.stop()
+    assert archive_of("guarded").count() == 0
+    records.path.write_text("")
+    start(worker, flags, breaker=False)
+    without = outage(producer, records, flags, events=500, seconds=20)
+    with capsys.disabled():
+        print(
+            f"\n500 events, 20 s outage: {with_breaker['failed_attempts']} failed attempts with a breaker, "
+            f"{without['failed_attempts']} without; charges waiting on the broker while open: {with_breaker['held']}"
+        )
+    assert set(with_breaker["successes"].values()) == {1} and len(with_breaker["successes"]) == 500
+    assert with_breaker["notes_during"] == 500  # the service's other handler went on throughout
+    assert min(with_breaker["held"][3:]) >= 400  # the queue kept its messages while the breaker was open
+    assert with_breaker["failed_attempts"] * 10 < without["failed_attempts"]
+
+
+@pytest.mark.timeout(120)
+def test_an_unhealthy_check_pauses_the_handlers_requiring_it_and_a_healthy_one_resumes_them(
+    worker, producer, records, flags, capsys
+):
+    start(worker, flags)
+    wait_for(lambda: queue_state(producer, BOOK)[1] == 1, 30, what="the worker consuming the book queue")
+    (flags / "ledger-down").touch()
+    down_at = time.monotonic()
+    wait_for(lambda: queue_state(producer, BOOK)[1] == 0, 10, what="the book queue paused")
+    paused_after = time.monotonic() - down_at
+    fire(producer, "guarded.book", range(20))
+    fire(producer, "guarded.note", range(20))
+    wait_for(lambda: len(records.all()) >= 20, 30, what="the notes handled")
+    assert queue_state(producer, BOOK) == (20, 0) and records.all(tag="book-0") == []
+    (flags / "ledger-down").unlink()
+    wait_for(lambda: len(records.all()) >= 40, 30, what="the books handled once the ledger is healthy")
+    with capsys.disabled():
+        print(f"\nhealth check unhealthy -> queue paused in {paused_after:.2f} s (interval 0.5 s)")
+    assert paused_after < 0.5 + 0.5 + 2  # one check interval, one tick, and the broker's cancel
+
+
+@pytest.mark.timeout(120)
+def test_an_operator_pauses_and_resumes_a_handler_in_every_worker_of_the_service(worker, producer, records, flags, cli):
+    start(worker, flags)
+    start(worker, flags, pool="prefork", concurrency=2)
+    wait_for(lambda: queue_state(producer, NOTE)[1] == 2, 30, what="both workers consuming")
+    opened = cli("breakers", "open", "note", app="services.guarded")
+    assert opened.exit_code == 0, opened.output
+    assert "open: 2 worker(s)" in opened.output
+    assert queue_state(producer, NOTE)[1] == 0
+    listed = cli("breakers", "--wait", "3", app="services.guarded")
+    assert listed.output.count("breaker  open       services.guarded.note") == 2, listed.output
+    fire(producer, "guarded.note", range(10))
+    time.sleep(2)
+    assert queue_state(producer, NOTE)[0] == 10 and records.all() == []
+    closed = cli("breakers", "close", "note", app="services.guarded")
+    assert "close: 2 worker(s)" in closed.output, closed.output
+    wait_for(lambda: len(records.all()) == 10, 30, what="the notes handled after the resume")
+
+
+@pytest.mark.timeout(120)
+def test_with_prefork_the_children_follow_the_breaker_of_their_main_process(worker, producer, records, flags):
+    start(worker, flags, pool="prefork", concurrency=2)
+    (flags / "payments-down").touch()
+    fire(producer, "guarded.charge", range(100))
+    time.sleep(6)
+    failed = records.all(failed=True)
+    held = queue_state(producer, CHARGE)[0]
+    assert held >= 80  # waiting on the broker, not burning retries in the children
+    assert len(failed) < 30, len(failed)  # 3 to trip, then one half-open probe per 2 s, per child at most
+    assert len({run["pid"] for run in failed}) <= 2
+    (flags / "payments-down").unlink()
+    wait_for(lambda: len(records.all(failed=False)) == 100, 60, what="every charge handled after the recovery")
