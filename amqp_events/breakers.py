@@ -93,7 +93,7 @@ class WorkerBreakers:
         """Count a run of ``queue``'s handler: ``failed`` for an unexpected failure (retried or archived
         for it); called by the process that ran it."""
         slot = self.slots.get(queue)
-        if slot is not None:
+        if slot is not None and queue in self.automatic:  # only breakers that trip on failures read them
             with self.outcomes.get_lock():
                 self.outcomes[2 * slot + failed] += 1
 
