@@ -51,14 +51,10 @@ class WorkerBreakers:
         self.app = app
         default = BreakerPolicy.of(app.conf.get("amqp_events_breaker"), None)
         self.handlers: dict[str, EventHandler] = {task.queue_name: task for task in app.event_handlers()}
-        self.breakers = {
-            queue: Breaker(BreakerPolicy.of(task.breaker, default) or BreakerPolicy())
-            for queue, task in self.handlers.items()
-        }
+        policies = {queue: BreakerPolicy.of(task.breaker, default) for queue, task in self.handlers.items()}
+        self.breakers = {queue: Breaker(policy or BreakerPolicy()) for queue, policy in policies.items()}
         #: Handlers whose breaker trips on failures (the others only pause when told to).
-        self.automatic = {
-            queue for queue, task in self.handlers.items() if BreakerPolicy.of(task.breaker, default) is not None
-        }
+        self.automatic = {queue for queue, policy in policies.items() if policy is not None}
         self.slots = {queue: index for index, queue in enumerate(sorted(self.handlers))}
         # One byte per handler, its State (or PROBING): written here, read by the pool children (forked later) ...
         self.shared = multiprocessing.RawArray("b", max(1, len(self.slots)))

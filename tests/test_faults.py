@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from faults.scenario import run
+from faults.scenario import Report, run
+
+
+def fault_run(rabbitmq: Any, **options: Any) -> Report:
+    """One run of the suite on nodes of its own, its report printed."""
+    if rabbitmq.node is None:
+        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
+    report = run(**options)
+    print("\n| | |\n|---|---|\n" + report.table())
+    return report
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_nothing_is_lost_under_worker_kills_a_broker_crash_and_bad_input(tmp_path, rabbitmq):
-    if rabbitmq.node is None:
-        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
-    report = run(events=1500, workdir=tmp_path, duration=45, deadline=240)
-    print("\n| | |\n|---|---|\n" + report.table())
+    report = fault_run(rabbitmq, events=1500, workdir=tmp_path, duration=45, deadline=240)
     assert report.confirmed == 1500 and report.broker_restarts == 1 and report.worker_kills >= 5
     assert report.fire_errors > 0  # the broker was down longer than the publish timeout: firing raised, then retried
     assert report.lost == []
@@ -26,10 +34,7 @@ def test_nothing_is_lost_under_worker_kills_a_broker_crash_and_bad_input(tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_through_the_outbox_committed_events_all_arrive_and_rolled_back_ones_never(tmp_path, rabbitmq):
-    if rabbitmq.node is None:
-        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
-    report = run(events=1000, workdir=tmp_path, duration=40, deadline=240, outbox=True)
-    print("\n| | |\n|---|---|\n" + report.table())
+    report = fault_run(rabbitmq, events=1000, workdir=tmp_path, duration=40, deadline=240, outbox=True)
     assert report.confirmed == 900 and report.rolled_back == 100 and report.phantoms == []
     assert report.fire_errors == 0  # writing to the outbox never waits for the broker
     assert report.broker_restarts == 1 and report.worker_kills + report.relay_kills >= 5
@@ -40,10 +45,7 @@ def test_through_the_outbox_committed_events_all_arrive_and_rolled_back_ones_nev
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_through_the_inbox_every_effect_happens_exactly_once(tmp_path, rabbitmq):
-    if rabbitmq.node is None:
-        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
-    report = run(events=1000, workdir=tmp_path, duration=40, deadline=240, inbox=True)
-    print("\n| | |\n|---|---|\n" + report.table())
+    report = fault_run(rabbitmq, events=1000, workdir=tmp_path, duration=40, deadline=240, inbox=True)
     assert report.broker_restarts == 1 and report.worker_kills >= 5
     assert report.lost == [] and report.duplicate_effects == 0 and report.leftover == {}
     assert report.archive_missing == [] and report.archive_unexpected == []
@@ -52,10 +54,7 @@ def test_through_the_inbox_every_effect_happens_exactly_once(tmp_path, rabbitmq)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_on_a_cluster_whose_nodes_die_in_turn_nothing_is_lost(tmp_path, rabbitmq):
-    if rabbitmq.node is None:
-        pytest.skip("needs nodes of its own, which it starts (not $AMQP_URL)")
-    report = run(events=1000, workdir=tmp_path, duration=40, deadline=240, cluster=3)
-    print("\n| | |\n|---|---|\n" + report.table())
+    report = fault_run(rabbitmq, events=1000, workdir=tmp_path, duration=40, deadline=240, cluster=3)
     assert report.confirmed == 1000 and report.node_kills >= 2 and report.worker_kills >= 5
     assert report.lost == [] and report.leftover == {}
     assert report.archive_missing == [] and report.archive_unexpected == []

@@ -4,26 +4,10 @@
 """
 
 import os
-from urllib.parse import urlsplit
 
-import django
-from django.conf import settings
+from services.django_settings import configure
 
-url = urlsplit(os.environ["DATABASE_URL"].replace("+psycopg", ""))
-settings.configure(
-    DATABASES={
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": url.path.lstrip("/"),
-            "USER": url.username,
-            "HOST": url.hostname,
-            "PORT": url.port,
-        }
-    },
-    INSTALLED_APPS=["amqp_events.django"],
-    USE_TZ=True,
-)
-django.setup()
+configure(os.environ["DATABASE_URL"])
 
 from amqp_events import current_event  # noqa: E402
 from amqp_events.celery import events_app  # noqa: E402

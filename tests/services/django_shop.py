@@ -6,26 +6,10 @@ back and one in a transaction that commits; prints both ids.
 
 import os
 import sys
-from urllib.parse import urlsplit
 
-import django
-from django.conf import settings
+from django_settings import configure  # run as a script: its directory is on sys.path
 
-url = urlsplit(sys.argv[1])
-settings.configure(
-    DATABASES={
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": url.path.lstrip("/"),
-            "USER": url.username,
-            "HOST": url.hostname,
-            "PORT": url.port,
-        }
-    },
-    INSTALLED_APPS=["amqp_events.django"],
-    USE_TZ=True,
-)
-django.setup()
+configure(sys.argv[1])
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
