@@ -127,13 +127,18 @@ class EventsApp(_celery_compat.EventsCelery):
         *,
         countdown: float | None = None,
         eta: datetime | None = None,
+        event_id: str | None = None,
     ) -> str:
         """Publish ``event`` (no validation) and return its id once the broker confirmed it.
 
         With ``countdown`` seconds or an ``eta`` the event first waits on the
         broker's delay ladder, then reaches every subscribed service.
+        ``event_id`` fires it under a given id instead of a new one: to fire
+        again an event whose firing raised :class:`~amqp_events.PublishError`
+        (its ``event_ids``), so that a copy that did reach the broker is the
+        same event to every inbox.
         """
-        direct, delay = self._fired_message(event, args, kwargs or {}, countdown, eta)
+        direct, delay = self._fired_message(event, args, kwargs or {}, countdown, eta, event_id)
         writer = _current_outbox.get()
         if writer is not None and writer.app is self:
             writer.write(direct, delay)
@@ -194,11 +199,17 @@ class EventsApp(_celery_compat.EventsCelery):
         return direct.after(delay, delays.event_destination(event), utcnow())
 
     def _fired_message(
-        self, event: str, args: Any, kwargs: dict[str, Any], countdown: float | None, eta: datetime | None
+        self,
+        event: str,
+        args: Any,
+        kwargs: dict[str, Any],
+        countdown: float | None,
+        eta: datetime | None,
+        event_id: str | None = None,
     ) -> tuple[OutgoingMessage, int]:
         """The message that fires ``event`` at once, and how many seconds it must wait first."""
         check_event_name(event)
-        headers, body = event_envelope(event, args, kwargs, self.service)
+        headers, body = event_envelope(event, args, kwargs, self.service, event_id)
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
         message = OutgoingMessage(self.events_settings.exchange, event, headers, body, headers["id"])

@@ -8,7 +8,16 @@ class PermanentFailure(Exception):
 
 
 class PublishError(RuntimeError):
-    """The broker could not be reached, or did not confirm a message, in time."""
+    """The broker could not be reached, or did not confirm a message, in time.
+
+    ``event_ids`` names the events that may or may not have reached the
+    broker: fire such an event again with ``app.fire(..., event_id=...)`` so
+    that a copy that did arrive is the same event (an inbox skips it).
+    """
+
+    def __init__(self, text: str, event_ids: tuple[str, ...] | list[str] = ()) -> None:
+        super().__init__(text)
+        self.event_ids = tuple(event_ids)
 
 
 class TopologyMissing(RuntimeError):

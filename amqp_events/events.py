@@ -128,7 +128,7 @@ class EventBatch:
             result = "error" if event_id in refused else "unroutable" if event_id in returned else "confirmed"
             record_fired(self.app.service, name, result)
         if refused:
-            raise PublishError(f"the broker refused {len(refused)} event(s): {refused}")
+            raise PublishError(f"the broker refused {len(refused)} event(s): {refused}", refused)
         lost_delays = self._delayed & returned
         if lost_delays:
             raise TopologyMissing(f"{len(lost_delays)} delayed event(s) found no delay queue: {sorted(lost_delays)}")

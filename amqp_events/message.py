@@ -108,11 +108,23 @@ class OutgoingMessage:
 
 
 def event_envelope(
-    name: str, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any], fired_by: str
+    name: str,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: Mapping[str, Any],
+    fired_by: str,
+    event_id: str | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
-    """Headers and body of a newly fired event."""
+    """Headers and body of a newly fired event (under a new id unless ``event_id`` is given)."""
+    if event_id is not None and not (isinstance(event_id, str) and 0 < len(event_id.strip()) == len(event_id) <= 64):
+        # 64: the width of the outbox's and the inbox's event id columns.
+        raise ValueError(f"an event id must be a string of 1 to 64 characters without outer spaces, not {event_id!r}")
     # Only what a worker needs: Celery reads every other protocol-2 header with a default.
-    headers = {"task": name, "id": str(uuid.uuid4()), FIRED_AT: isoformat(utcnow()), FIRED_BY: fired_by}
+    headers = {
+        "task": name,
+        "id": event_id if event_id is not None else str(uuid.uuid4()),
+        FIRED_AT: isoformat(utcnow()),
+        FIRED_BY: fired_by,
+    }
     return headers, [list(args), dict(kwargs), EMPTY_EMBED]
 
 

@@ -103,7 +103,8 @@ class Publisher:
                     raise PublishError(
                         f"could not publish {message.headers.get('task')!r} to "
                         f"{message.exchange or 'the default exchange'!r} on {connection.as_uri()} "
-                        f"within {self.timeout:g}s: {what}"
+                        f"within {self.timeout:g}s: {what}",
+                        [message.message_id],
                     ) from exc
                 # Once per message at warning level; the rest of the attempts only at debug level.
                 level = logging.WARNING if pause == FIRST_PAUSE else logging.DEBUG
@@ -281,9 +282,9 @@ class ConfirmedBatch:
         while len(self._pending) > until:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                ids = [str(key) for key, _ in self._pending.values()]
                 raise PublishError(
-                    f"the broker did not confirm {len(self._pending)} event(s) within {self.timeout:g}s: "
-                    + ", ".join(str(key) for key, _ in self._pending.values())
+                    f"the broker did not confirm {len(ids)} event(s) within {self.timeout:g}s: " + ", ".join(ids), ids
                 )
             try:
                 self.connection.drain_events(timeout=remaining)
@@ -316,9 +317,11 @@ class ConfirmedBatch:
                 continue
             self.failovers += 1
             return
+        ids = [str(key) for key, _ in unconfirmed]
         raise PublishError(
             f"the connection failed during a batch ({error}) and no host answered within {self.timeout:g}s; "
-            "these event(s) may not have been delivered: " + ", ".join(str(key) for key, _ in unconfirmed)
+            "these event(s) may not have been delivered: " + ", ".join(ids),
+            ids,
         ) from error
 
     def _declare_exchange_of(self, message: OutgoingMessage) -> None:

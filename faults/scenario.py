@@ -308,11 +308,13 @@ def fire_under_chaos(
             if write_in_transaction(app, database, seq, payload):
                 fired[seq] = "committed"
             continue
+        event_id = None  # fired again under the same id: a copy that did arrive is the same event to the inbox
         while seq not in fired:
             try:
-                fired[seq] = app.fire(KINDS[seq % 3], [], payload)
-            except PublishError:
+                fired[seq] = app.fire(KINDS[seq % 3], [], payload, event_id=event_id)
+            except PublishError as exc:
                 report.fire_errors += 1  # raised within the publish timeout: fire again
+                event_id = exc.event_ids[0]
                 time.sleep(0.5)
     if crash is not None:
         crash.join()

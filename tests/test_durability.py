@@ -36,18 +36,23 @@ def test_a_delayed_retry_survives_a_broker_crash_and_is_never_early(node, worker
     assert second["time"] - first["time"] >= 12
 
 
-def test_firing_while_the_broker_is_down_raises_within_the_timeout(node, broker_url):
+def test_firing_while_the_broker_is_down_raises_within_the_timeout_naming_the_event(node, broker_url, worker, records):
     from amqp_events import PublishError, events_app
 
+    worker("orders")
     app = events_app("tests", broker_url=broker_url, amqp_events_publish_timeout=3)
     app.fire("test.ping", ["warm up"], {})
+    records.wait(1, tag="warm up")
     node.stop()
     try:
         started = time.monotonic()
-        with pytest.raises(PublishError, match="within 3s"):
+        with pytest.raises(PublishError, match="within 3s") as raised:
             app.fire("test.ping", ["lost?"], {})
         assert time.monotonic() - started < 30  # bounded (3 s, plus at most one connection attempt): never hangs
     finally:
         node.start()
-    app.fire("test.ping", ["back"], {})  # the pool reconnects by itself
+    [maybe_lost] = raised.value.event_ids
+    # Fired again under the same id (the pool reconnects by itself): an inbox would see one event, not two.
+    assert app.fire("test.ping", ["lost?"], {}, event_id=maybe_lost) == maybe_lost
+    assert [r["id"] for r in records.wait(1, timeout=60, tag="lost?")] == [maybe_lost]
     app.close()

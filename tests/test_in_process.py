@@ -68,6 +68,21 @@ def test_firing_runs_every_subscriber_before_it_returns(billing, shipping):
         )
 
 
+def test_an_event_fired_again_under_its_id_is_the_same_event(billing, shipping):
+    ids = []
+
+    @shipping.handler("billing.invoice.paid")
+    def book_courier(invoice_id: int):
+        ids.append(current_event().id)
+
+    with in_process(billing, shipping):
+        assert billing.fire("billing.invoice.paid", [42], event_id="invoice-42-paid") == "invoice-42-paid"
+        for wrong in ("", " padded ", "x" * 65, 42):
+            with pytest.raises(ValueError, match="an event id must be a string of 1 to 64 characters"):
+                billing.fire("billing.invoice.paid", [42], event_id=wrong)
+    assert ids == ["invoice-42-paid"]
+
+
 def test_payloads_go_through_json_as_on_the_wire(billing, shipping):
     received = []
 

@@ -9,9 +9,11 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from amqp_events.cli import main
@@ -49,6 +51,40 @@ def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
     assert fired.returncode == 0, fired.stderr
     wait_for(lambda: "invoice 42 paid: 10.00" in workers["orders"].log(), 20, what="orders' handler output")
     wait_for(lambda: "courier booked for invoice 42" in workers["shipping"].log(), 20, what="shipping's output")
+
+
+def test_firing_again_under_the_id_in_doubt_works_as_written(tmp_path, rabbitmq, broker_url, start_worker):
+    if rabbitmq.node is None:
+        pytest.skip("needs the harness's own node (not $AMQP_URL) to stop it")
+    files = code_blocks()
+    for name in ("orders/celery.py", "orders/handlers.py", "orders/refire.py"):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[name].replace(README_BROKER, broker_url))
+    (tmp_path / "orders" / "__init__.py").write_text("")
+    orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from orders.refire import fire_until_confirmed
+
+        fire_until_confirmed("billing.invoice.paid", {"invoice_id": 6, "amount": "1"})
+        wait_for(lambda: "invoice 6 paid: 1" in orders.log(), 30, what="the worker consuming")
+        rabbitmq.node.stop()
+        fired: list[str] = []
+        firing = threading.Thread(
+            target=lambda: fired.append(fire_until_confirmed("billing.invoice.paid", {"invoice_id": 7, "amount": "1"}))
+        )
+        firing.start()
+        time.sleep(12)  # longer than the publish timeout (10 s): at least one attempt raised PublishError
+        rabbitmq.node.start()
+        firing.join(60)
+        assert len(fired) == 1
+    finally:
+        sys.modules["orders.celery"].app.close()
+        sys.path.remove(str(tmp_path))
+        for module in [name for name in sys.modules if name == "orders" or name.startswith("orders.")]:
+            del sys.modules[module]
+    wait_for(lambda: "invoice 7 paid: 1" in orders.log(), 30, what="the event fired again, handled")
 
 
 def test_the_in_process_testing_examples_pass_as_written_without_a_broker(tmp_path):
