@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from amqp.exceptions import NotFound
 from celery import Task
 
-from amqp_events import _celery_compat, delays
+from amqp_events import _celery_compat, delays, tracing
 from amqp_events.breaker import BreakerPolicy
 from amqp_events.breakers import BreakerControl, BreakerState
 from amqp_events.clock import utcnow
@@ -139,6 +139,12 @@ class EventsApp(_celery_compat.EventsCelery):
         same event to every inbox.
         """
         direct, delay = self._fired_message(event, args, kwargs or {}, countdown, eta, event_id)
+        with tracing.publishing(self.service, direct, delay):
+            return self._publish_fired(direct, delay)
+
+    def _publish_fired(self, direct: OutgoingMessage, delay: int) -> str:
+        """Write ``direct`` to the outbox, add it to the batch or publish it, as the caller's block says."""
+        event = direct.headers["task"]
         writer = _current_outbox.get()
         if writer is not None and writer.app is self:
             writer.write(direct, delay)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import builtins
+import getpass
 import json
+import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -25,6 +27,7 @@ from typing import IO, TYPE_CHECKING, Any
 from kombu.utils.json import loads as json_loads
 
 from amqp_events import message as wire
+from amqp_events import tracing
 from amqp_events.logs import log_event
 from amqp_events.message import OutgoingMessage, copy_headers, parse_time
 from amqp_events.topology import archive_queue_name, event_queue_name
@@ -214,6 +217,7 @@ class Archive:
         selection: Selection = EVERYTHING,
         on_replayed: Callable[[ArchivedMessage], None] | None = None,
         new_ids: bool = False,
+        replayed_by: str = "",
     ) -> ReplayReport:
         """Send matching messages back to the queue they came from, with their retry count reset.
 
@@ -223,11 +227,17 @@ class Archive:
         places, a duplicate rather than a loss). With ``new_ids`` each copy
         gets a new event id (``replay_of`` keeps the old one), so that a
         handler with an inbox runs it even if it handled the event before.
+        ``replayed_by`` (who, e.g. ``user@host``) is logged and, with tracing
+        on, recorded on each replay's span.
         """
         report = ReplayReport()
+        by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
         with self._browse() as messages:
             for archived, remove in _take(messages, selection):
-                if not self.app.transport.publish(replay_message(archived, new_id=new_ids)):
+                message = replay_message(archived, new_id=new_ids)
+                with tracing.replaying(self.service, archived, message, by):
+                    routed = self.app.transport.publish(message)
+                if not routed:
                     report.unroutable.append(archived.id)
                     continue
                 if on_replayed:
@@ -235,7 +245,12 @@ class Archive:
                 remove()
                 report.replayed.append(archived.id)
                 log_event(
-                    "replayed", event=archived.event, service=self.service, event_id=archived.id, queue=archived.queue
+                    "replayed",
+                    event=archived.event,
+                    service=self.service,
+                    event_id=archived.id,
+                    queue=archived.queue,
+                    replayed_by=by,
                 )
         return report
 

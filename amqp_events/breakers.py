@@ -178,18 +178,20 @@ class WorkerBreakers:
             transition = self.breakers[queue].close(transition.why)
         task = self.handlers[queue]
         self.shared[self.slots[queue]] = transition.state
+        # Structured fields, as on the lines about events (amqp_events.logs).
+        fields = {"service": self.app.service, "handler": task.handler_name, "breaker": transition.state.name.lower()}
         if transition.state == State.OPEN:
             self._stop_consuming(queue)
             more = f"; resuming in {transition.open_for:g}s" if transition.open_for else ""
             logger.log(
                 max(transition.level, logging.WARNING),
                 "breaker of %s opened (%s): its queue %s is not consumed%s",
-                task.handler_name, transition.why, queue, more,
+                task.handler_name, transition.why, queue, more, extra=fields,
             )  # fmt: skip
         else:
             self._start_consuming(queue)
             state, why = transition.state, transition.why
-            logger.info("breaker of %s %s (%s): consuming %s", task.handler_name, state, why, queue)
+            logger.info("breaker of %s %s (%s): consuming %s", task.handler_name, state, why, queue, extra=fields)
         tripped = transition.state == State.OPEN and bool(transition.open_for)
         record_breaker(self.app.service, task.handler_name, transition.state, tripped)
         return True

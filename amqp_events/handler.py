@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery import Task, current_task
 from celery.exceptions import Ignore, Reject, Retry
 
-from amqp_events import delays
+from amqp_events import delays, tracing
 from amqp_events.breakers import breakers_of
 from amqp_events.clock import utcnow
 from amqp_events.errors import BadArguments, RetryRequested
@@ -112,7 +112,8 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
             return super().__call__(*args, **kwargs)
         delivery = delivery_of(request, self.queue_name)
         run = request.metrics_run = self.metrics_run(delivery)
-        with run:
+        as_child = self.app.events_settings.trace_as_child
+        with run, tracing.processing(self.app.service, self.handler_name, delivery, as_child):
             refused = refusal(delivery, self.handling)
             if refused is not None:
                 raise self.conclude(delivery, refused, run)

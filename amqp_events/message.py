@@ -227,6 +227,10 @@ ARCHIVE_SECTION = "archive_section"
 ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
 ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
 ARCHIVED_AT = "archived_at"
+#: W3C ``traceparent`` of the attempt that archived the message (with tracing on).
+ARCHIVE_TRACEPARENT = "archive_traceparent"
+#: W3C ``traceparent`` of the replay that sent the message back (with tracing on; kept through its retries).
+REPLAY_TRACEPARENT = "replay_traceparent"
 ARCHIVE_HEADERS = (
     ARCHIVE_REASON,
     ARCHIVE_SERVICE,
@@ -242,6 +246,7 @@ ARCHIVE_HEADERS = (
     ARCHIVE_FIRST_FAILURE_AT,
     ARCHIVE_LAST_FAILURE_AT,
     ARCHIVED_AT,
+    ARCHIVE_TRACEPARENT,
 )
 
 

@@ -99,6 +99,12 @@ class Settings:
     inbox_retention: float = 14 * 24 * 3600.0
     #: Seconds between a worker's prunings of its handlers' inboxes.
     inbox_prune_interval: float = 600.0
+    #: With tracing on: each handler attempt's span is a child of the firing span (one trace per event)
+    #: instead of a new trace that links to it.
+    trace_as_child: bool = False
+    #: Format of a worker's log lines: "text" (Celery's) or "json" (one JSON object per line, with the
+    #: event's fields).
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         problems = []
@@ -124,6 +130,8 @@ class Settings:
             problems.append("outbox_lease and outbox_poll_interval must be > 0")
         if self.inbox_retention <= 0 or self.inbox_prune_interval <= 0:
             problems.append("inbox_retention and inbox_prune_interval must be > 0")
+        if self.log_format not in ("text", "json"):
+            problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 

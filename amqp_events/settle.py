@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from amqp_events import tracing
 from amqp_events.logs import log_event
 from amqp_events.metrics import HandlerRun, record_archived, record_duplicate
 from amqp_events.outcome import Ack, Delivery, Handling, Outcome, Redeliver
@@ -25,6 +26,7 @@ def settle(app: EventsApp, delivery: Delivery, outcome: Outcome, handling: Handl
 
     ``run`` is ``None`` for messages no handler took (the consumer archives them).
     """
+    tracing.settled(outcome)  # before the copy leaves: an archived copy records the attempt's trace context
     if not isinstance(outcome, Ack):
         app.publish_routed(outcome.copy)
     _count_and_log(delivery, outcome, handling, run)

@@ -18,7 +18,7 @@ from amqp_events.testing.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
 from bench import cluster as cluster_bench
-from bench import in_process, outbox, scenarios
+from bench import in_process, outbox, scenarios, tracing
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
 
@@ -75,6 +75,9 @@ def main() -> int:
                 results.append(cluster_bench.recovery_after_a_node_kill(bench, cluster, size))
             finally:
                 cluster.stop()
+        if wanted("tracing"):
+            results += tracing.firing(bench, size)
+            results += tracing.handling(bench, size)
         if wanted("test_module"):
             results.append(in_process.a_test_module(bench, size))
         if wanted("memory"):

@@ -157,10 +157,19 @@ def fire_in_a_batch(bench: Bench, size: Size) -> Result:
     )
 
 
-def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int, python: str = sys.executable) -> float:
+def drain(
+    bench: Bench,
+    size: Size,
+    library: str,
+    pool: str,
+    concurrency: int,
+    python: str = sys.executable,
+    worker_env: dict[str, str] | None = None,
+) -> float:
     """Events/s one worker handles, ``size.drain`` no-op events already waiting in its queue.
 
-    ``python``: the interpreter the worker runs with (another Celery line's virtualenv).
+    ``python``: the interpreter the worker runs with (another Celery line's virtualenv); ``worker_env``:
+    more environment for the worker.
     """
     with bench.run(f"drain-{library}") as run:
         if library == "ours":
@@ -188,7 +197,7 @@ def drain(bench: Bench, size: Size, library: str, pool: str, concurrency: int, p
             legacy(run, "legacy_fire.py", str(size.drain), "--last")
             queue = "legacy.bench.noop"
         run.wait_depth(queue, size.drain)
-        with run.worker(library.split("-")[0], pool=pool, concurrency=concurrency, python=python):
+        with run.worker(library.split("-")[0], pool=pool, concurrency=concurrency, python=python, env=worker_env):
             marks = run.wait_marks(lambda marks: any(mark["last"] for mark in marks))
         return throughput(marks, size.drain)
 

@@ -30,6 +30,17 @@ def code_blocks() -> dict[str, str]:
     return {name: body for name, body in blocks}
 
 
+def write_blocks(directory: Path, broker_url: str, *names: str) -> None:
+    """Write the README's blocks ``names`` into ``directory`` (pointed at ``broker_url``), as packages."""
+    files = code_blocks()
+    for name in names:
+        path = directory / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[name].replace(README_BROKER, broker_url))
+        if path.parent != directory:
+            (path.parent / "__init__.py").touch()
+
+
 def section(title: str) -> str:
     return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
@@ -56,12 +67,7 @@ def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
 def test_firing_again_under_the_id_in_doubt_works_as_written(tmp_path, rabbitmq, broker_url, start_worker):
     if rabbitmq.node is None:
         pytest.skip("needs the harness's own node (not $AMQP_URL) to stop it")
-    files = code_blocks()
-    for name in ("orders/celery.py", "orders/handlers.py", "orders/refire.py"):
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(files[name].replace(README_BROKER, broker_url))
-    (tmp_path / "orders" / "__init__.py").write_text("")
+    write_blocks(tmp_path, broker_url, "orders/celery.py", "orders/handlers.py", "orders/refire.py")
     orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     sys.path.insert(0, str(tmp_path))
     try:
@@ -85,6 +91,27 @@ def test_firing_again_under_the_id_in_doubt_works_as_written(tmp_path, rabbitmq,
         for module in [name for name in sys.modules if name == "orders" or name.startswith("orders.")]:
             del sys.modules[module]
     wait_for(lambda: "invoice 7 paid: 1" in orders.log(), 30, what="the event fired again, handled")
+
+
+def test_the_tracing_example_works_as_written(tmp_path, broker_url, start_worker):
+    write_blocks(tmp_path, broker_url, "telemetry.py", "orders/celery.py", "orders/handlers.py")
+    module = tmp_path / "orders" / "celery.py"
+    module.write_text("import telemetry  # noqa: F401\n" + module.read_text())  # as the section says
+    env = {"PYTHONPATH": str(tmp_path)}
+    orders = start_worker("orders.celery", cwd=tmp_path, env=env)
+    fire = "from orders.celery import invoice_paid; invoice_paid(42, '10.00')"
+    fired = subprocess.run(
+        [sys.executable, "-c", fire],
+        cwd=tmp_path,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert fired.returncode == 0, fired.stderr
+    assert '"name": "publish billing.invoice.paid"' in fired.stdout  # exported when the process exits
+    wait_for(lambda: '"name": "process billing.invoice.paid"' in orders.log(), 30, what="the worker's span")
+    assert '"amqp_events.outcome": "success"' in orders.log()
 
 
 def test_the_in_process_testing_examples_pass_as_written_without_a_broker(tmp_path):

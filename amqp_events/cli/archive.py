@@ -123,8 +123,9 @@ def archive_show(message_id: str, service: str | None, as_json: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Only show what would be replayed.")
 @click.option("--new-id", is_flag=True, help="Give each copy a new event id, so that an inbox does not skip it.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--by", default="", help="Who replays (logged, and on the replay's span); default: user@host.")
 @one_line_errors
-def archive_replay(store: Archive, selection: Selection, dry_run: bool, new_id: bool, yes: bool) -> None:
+def archive_replay(store: Archive, selection: Selection, dry_run: bool, new_id: bool, yes: bool, by: str) -> None:
     """Send archived messages back to their queue with the attempt count reset.
 
     Each archived copy is removed only after the broker confirmed its replacement.
@@ -139,7 +140,9 @@ def archive_replay(store: Archive, selection: Selection, dry_run: bool, new_id: 
         return
     _confirm(f"Replay these {len(chosen)} archived message(s) of service {store.service!r}?", yes)
     with click.progressbar(length=len(chosen), label="replaying", file=sys.stderr) as bar:
-        report = store.replay(Selection.exactly(chosen), on_replayed=lambda _: bar.update(1), new_ids=new_id)
+        report = store.replay(
+            Selection.exactly(chosen), on_replayed=lambda _: bar.update(1), new_ids=new_id, replayed_by=by
+        )
     for message_id in report.replayed:
         click.echo(f"replayed {message_id}")
     click.echo(f"replayed {len(report.replayed)} message(s)")

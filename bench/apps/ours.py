@@ -2,6 +2,7 @@
 
 import os
 
+import tracing_mode  # noqa: F401  # TRACING=absent|idle|on, before the library
 from marks import mark
 
 from amqp_events.celery import events_app

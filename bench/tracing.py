@@ -1,0 +1,63 @@
+"""What tracing costs: firing and handling with the OpenTelemetry SDK on, with the extra installed but no
+tracer provider, and without the extra, measured side by side in one run (``bench/apps/tracing_mode.py``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench.harness import APPS, Bench, median
+from bench.scenarios import Result, Size, drain, ours_app
+
+MODES = ("absent", "idle", "on")
+
+
+def firing(bench: Bench, size: Size) -> list[Result]:
+    """Events/s fired one at a time (confirmed), each mode in a process of its own, modes alternating."""
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with bench.run("tracing-fire") as run:
+        ours_app(run).declare_topology()  # the event's queue exists: every publish is routed
+        for round_ in range(size.fire_rounds):
+            for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:  # each mode first in turn: the queue grows
+                argv = [sys.executable, str(APPS / "traced_fire.py"), str(size.fire_per_round)]
+                done = subprocess.run(
+                    argv, env={**run.env(), "TRACING": mode}, cwd=APPS, capture_output=True, text=True, timeout=300
+                )
+                if done.returncode:
+                    raise RuntimeError(f"traced_fire.py ({mode}) failed: {done.stderr}")
+                rates[mode].append(float(done.stdout.split()[-1]))
+    return _compared("firing one event at a time", rates, "events/s")
+
+
+def handling(bench: Bench, size: Size) -> list[Result]:
+    """Events/s one solo worker handles, ``size.drain`` waiting, in each mode."""
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for repeat in range(size.repeats):
+        for mode in MODES[repeat % 3 :] + MODES[: repeat % 3]:
+            rates[mode].append(drain(bench, size, "ours", "solo", 1, worker_env={"TRACING": mode}))
+    return _compared(f"handling {size.drain:,} waiting events, -P solo", rates, "events/s")
+
+
+def _compared(what: str, rates: dict[str, list[float]], unit: str) -> list[Result]:
+    absent, idle, on = (median(rates[mode]) for mode in MODES)
+    traced, untraced = on / absent, idle / absent
+    return [
+        Result(
+            f"{what}, traced (SDK, batch exporter)",
+            f"{on:,.0f} {unit}",
+            f"without the [otel] extra: {absent:,.0f} {unit}",
+            traced,
+            ">= 0.9x without tracing",
+            traced >= 0.9,
+            {"traced": on, "no extra": absent},
+        ),
+        Result(
+            f"{what}, [otel] installed, no tracer provider",
+            f"{idle:,.0f} {unit}",
+            f"without the [otel] extra: {absent:,.0f} {unit}",
+            untraced,
+            ">= 0.98x without the extra",
+            untraced >= 0.98,
+            {"no provider": idle, "no extra": absent},
+        ),
+    ]
