@@ -160,7 +160,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         def on_task_received(message: Message) -> Any:
             # Upstream decodes the body later, in code that crashes the consumer on a body of the wrong
             # shape (e.g. a JSON string), and drops or rejects what it cannot run: check first, and archive.
-            refused = worker.cannot_run(message, self.app)
+            # A CloudEvent is read into a task message here, before upstream looks at its headers.
+            refused = worker.admit(message, self.app)
             if refused is not None:
                 return self.archiver.archive(message, *refused)
             return run(message)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from amqp.exceptions import NotFound
 from celery import Task
 
-from amqp_events import _celery_compat, delays, tracing
+from amqp_events import _celery_compat, cloud_events, delays, tracing
 from amqp_events.breaker import BreakerPolicy
 from amqp_events.breakers import BreakerControl, BreakerState
 from amqp_events.clock import utcnow
@@ -24,7 +24,7 @@ from amqp_events.events import Event, EventBatch, event_class
 from amqp_events.handler import EventHandler
 from amqp_events.health import Health, HealthCheck
 from amqp_events.logs import log_event
-from amqp_events.message import OutgoingMessage, event_envelope
+from amqp_events.message import OutgoingMessage, event_envelope, new_event_id
 from amqp_events.metrics import record_fired
 from amqp_events.metrics.worker import Heartbeat, MetricsEndpoint
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
@@ -60,8 +60,9 @@ _NO_LADDER = (
 class EventDecorator:
     """What ``@app.event(name)`` returns: makes an :class:`Event` or an event class."""
 
-    def __init__(self, app: EventsApp, name: str) -> None:
+    def __init__(self, app: EventsApp, name: str, wire_format: str | None = None) -> None:
         self.app, self.name = app, check_event_name(name)
+        self.wire_format = None if wire_format is None else cloud_events.check_wire_format(wire_format)
 
     @overload
     def __call__(self, target: C) -> C: ...
@@ -70,9 +71,9 @@ class EventDecorator:
     def __call__(self, target: Callable[P, Any]) -> Event[P]: ...
 
     def __call__(self, target: Any) -> Any:
-        if isinstance(target, type):
-            return event_class(self.app, self.name, target)
-        return Event(self.app, self.name, target)
+        fireable = (event_class if isinstance(target, type) else Event)(self.app, self.name, target, self.wire_format)
+        self.app.declared_events[self.name] = fireable
+        return fireable
 
 
 class EventsApp(_celery_compat.EventsCelery):
@@ -87,6 +88,8 @@ class EventsApp(_celery_compat.EventsCelery):
         self._settings: Settings | None = None
         #: Health checks registered with :meth:`health_check`, by name.
         self.health_checks: dict[str, HealthCheck] = {}
+        #: The events this service fires, made with :meth:`event`, by name (what ``asyncapi`` documents).
+        self.declared_events: dict[str, Any] = {}
 
     # -- configuration ----------------------------------------------------
 
@@ -115,9 +118,17 @@ class EventsApp(_celery_compat.EventsCelery):
 
     # -- producing --------------------------------------------------------
 
-    def event(self, name: str) -> EventDecorator:
-        """Decorate a validating function, or a dataclass/pydantic model, as the event ``name``."""
-        return EventDecorator(self, name)
+    def event(self, name: str, *, wire_format: str | None = None) -> EventDecorator:
+        """Decorate a validating function, or a dataclass/pydantic model, as the event ``name``.
+
+        ``wire_format`` ("celery" or "cloudevents") overrides the app's
+        ``amqp_events_wire_format`` for this event.
+        """
+        return EventDecorator(self, name, wire_format)
+
+    def wire_format(self, given: str | None = None) -> str:
+        """The wire format an event fires in: ``given``, else the app's ``amqp_events_wire_format``."""
+        return cloud_events.check_wire_format(given) if given else self.events_settings.wire_format
 
     def fire(
         self,
@@ -128,6 +139,7 @@ class EventsApp(_celery_compat.EventsCelery):
         countdown: float | None = None,
         eta: datetime | None = None,
         event_id: str | None = None,
+        wire_format: str | None = None,
     ) -> str:
         """Publish ``event`` (no validation) and return its id once the broker confirmed it.
 
@@ -136,15 +148,16 @@ class EventsApp(_celery_compat.EventsCelery):
         ``event_id`` fires it under a given id instead of a new one: to fire
         again an event whose firing raised :class:`~amqp_events.PublishError`
         (its ``event_ids``), so that a copy that did reach the broker is the
-        same event to every inbox.
+        same event to every inbox. ``wire_format`` overrides the app's
+        ``amqp_events_wire_format`` ("cloudevents" takes keyword arguments only).
         """
-        direct, delay = self._fired_message(event, args, kwargs or {}, countdown, eta, event_id)
+        direct, delay = self._fired_message(event, args, kwargs or {}, countdown, eta, event_id, wire_format)
         with tracing.publishing(self.service, direct, delay):
             return self._publish_fired(direct, delay)
 
     def _publish_fired(self, direct: OutgoingMessage, delay: int) -> str:
         """Write ``direct`` to the outbox, add it to the batch or publish it, as the caller's block says."""
-        event = direct.headers["task"]
+        event = direct.event
         writer = _current_outbox.get()
         if writer is not None and writer.app is self:
             writer.write(direct, delay)
@@ -199,9 +212,10 @@ class EventsApp(_celery_compat.EventsCelery):
         kwargs: dict[str, Any],
         countdown: float | None = None,
         eta: datetime | None = None,
+        wire_format: str | None = None,
     ) -> OutgoingMessage:
         """The message that fires ``event``, ready to publish (no validation, nothing sent)."""
-        direct, delay = self._fired_message(event, args, kwargs, countdown, eta)
+        direct, delay = self._fired_message(event, args, kwargs, countdown, eta, wire_format=wire_format)
         return direct.after(delay, delays.event_destination(event), utcnow())
 
     def _fired_message(
@@ -212,17 +226,29 @@ class EventsApp(_celery_compat.EventsCelery):
         countdown: float | None,
         eta: datetime | None,
         event_id: str | None = None,
+        wire_format: str | None = None,
     ) -> tuple[OutgoingMessage, int]:
         """The message that fires ``event`` at once, and how many seconds it must wait first."""
         check_event_name(event)
-        headers, body = event_envelope(event, args, kwargs, self.service, event_id)
+        if self.wire_format(wire_format) == "cloudevents":
+            if args:
+                raise ValueError(
+                    f"cannot fire {event!r} as a CloudEvent with positional arguments: its data is a JSON object "
+                    "of keyword arguments"
+                )
+            message_id = new_event_id(event_id)
+            headers: dict[str, Any] = cloud_events.binary_headers(event, message_id, self.service, utcnow())
+            body: Any = dict(kwargs)
+        else:
+            headers, body = event_envelope(event, args, kwargs, self.service, event_id)
+            message_id = headers["id"]
         if eta is not None and countdown is None:
             countdown = delays.seconds_until(eta)
-        message = OutgoingMessage(self.events_settings.exchange, event, headers, body, headers["id"])
+        message = OutgoingMessage(self.events_settings.exchange, event, headers, body, message_id)
         return message, delays.whole_seconds(countdown or 0)
 
     def _fired(self, message: OutgoingMessage, routed: bool) -> None:
-        event = message.headers["task"]
+        event = message.event
         record_fired(self.service, event, "confirmed" if routed else "unroutable")
         if message.delayed and not routed:
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")

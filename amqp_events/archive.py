@@ -26,8 +26,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from kombu.utils.json import loads as json_loads
 
+from amqp_events import cloud_events, tracing
 from amqp_events import message as wire
-from amqp_events import tracing
 from amqp_events.logs import log_event
 from amqp_events.message import OutgoingMessage, copy_headers, parse_time
 from amqp_events.topology import archive_queue_name, event_queue_name
@@ -64,15 +64,18 @@ class ArchivedMessage:
     body: bytes = field(repr=False)
     content_type: str | None = None
     content_encoding: str | None = None
+    #: Its CloudEvents attributes, if it arrived as a CloudEvent (:mod:`amqp_events.cloud_events`).
+    cloud_event: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_parts(
         cls, headers: dict[str, Any], body: bytes, content_type: str | None, content_encoding: str | None
     ) -> ArchivedMessage:
         service = str(headers.get(wire.ARCHIVE_SERVICE) or "")
-        event = str(headers.get("task") or "")
+        cloud_event = cloud_events.attributes_of(headers, body, content_type)
+        event = str(headers.get("task") or cloud_event.get("type") or "")
         return cls(
-            id=str(headers.get("id") or ""),
+            id=str(headers.get("id") or cloud_event.get("id") or ""),
             event=event,
             service=service,
             handler=str(headers.get(wire.ARCHIVE_HANDLER) or ""),
@@ -92,6 +95,7 @@ class ArchivedMessage:
             body=body,
             content_type=content_type,
             content_encoding=content_encoding,
+            cloud_event=cloud_event,
         )
 
     @property
@@ -119,6 +123,7 @@ class ArchivedMessage:
             "first_failure_at": _iso(self.first_failure_at),
             "archived_at": _iso(self.archived_at),
             "queue": self.queue,
+            "cloudevent": self.cloud_event or None,
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -28,18 +29,20 @@ class Event(Generic[P]):
     Calling it runs the function with the same arguments (an exception
     propagates and nothing is published), then publishes the event and
     returns its id once the broker confirmed it. It keeps the function's
-    name, docstring and signature.
+    name, docstring and signature. Fired as a CloudEvent, positional
+    arguments travel under their parameters' names.
     """
 
-    def __init__(self, app: EventsApp, name: str, validate: Callable[P, Any]) -> None:
+    def __init__(self, app: EventsApp, name: str, validate: Callable[P, Any], wire_format: str | None = None) -> None:
         functools.update_wrapper(self, validate)
         self.app = app
         self.name = name
         self.validate = validate
+        #: "celery", "cloudevents", or ``None``: the app's ``amqp_events_wire_format``.
+        self.wire_format = wire_format
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        self.validate(*args, **kwargs)
-        return self.app.fire(self.name, args, kwargs)
+        return self.fire(args, kwargs)
 
     def fire(
         self,
@@ -56,13 +59,30 @@ class Event(Generic[P]):
         """
         kwargs = kwargs or {}
         self.validate(*args, **kwargs)
-        return self.app.fire(self.name, args, kwargs, countdown=countdown, eta=eta)
+        if args and self.app.wire_format(self.wire_format) == "cloudevents":
+            args, kwargs = (), keyword_arguments(self.validate, args, kwargs)
+        return self.app.fire(self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format)
 
     def __repr__(self) -> str:
         return f"<Event {self.name!r} of service {self.app.service!r}>"
 
 
-def event_class(app: EventsApp, name: str, cls: C) -> C:
+def keyword_arguments(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``args`` and ``kwargs`` of a call of ``function``, all by name (a CloudEvent's data is an object)."""
+    signature = inspect.signature(function)
+    named: dict[str, Any] = {}
+    for parameter, value in signature.bind(*args, **kwargs).arguments.items():
+        kind = signature.parameters[parameter].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL and value:
+            raise TypeError(f"*{parameter} has no names: it cannot travel in a CloudEvent's data")
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[parameter] = value
+    return named
+
+
+def event_class(app: EventsApp, name: str, cls: C, wire_format: str | None = None) -> C:
     """A fireable subclass of a dataclass or pydantic model: ``Cls(...).fire()`` publishes its fields.
 
     Constructing the instance is the validation. The subclass has the same
@@ -75,13 +95,19 @@ def event_class(app: EventsApp, name: str, cls: C) -> C:
 
     def fire(self: Any, *, countdown: float | None = None, eta: datetime | None = None) -> str:
         """Publish this event; returns its id once the broker confirmed it."""
-        return app.fire(name, (), payload(self), countdown=countdown, eta=eta)
+        return app.fire(name, (), payload(self), countdown=countdown, eta=eta, wire_format=wire_format)
 
     namespace = {
-        "__annotations__": {"event_name": ClassVar[str], "event_app": ClassVar[Any]},  # not fields: pydantic asks
+        # not fields: pydantic asks
+        "__annotations__": {
+            "event_name": ClassVar[str],
+            "event_app": ClassVar[Any],
+            "event_wire_format": ClassVar[Any],
+        },
         "fire": fire,
         "event_name": name,
         "event_app": app,
+        "event_wire_format": wire_format,
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
@@ -116,7 +142,7 @@ class EventBatch:
     def publish(self, message: OutgoingMessage) -> None:
         self._publisher.publish(message)
         self.ids.append(message.message_id)
-        self._names.append(message.headers["task"])
+        self._names.append(message.event)
         if message.delayed:
             self._delayed.add(message.message_id)
 

@@ -88,6 +88,11 @@ class OutgoingMessage:
     content_encoding: str | None = None
 
     @property
+    def event(self) -> str:
+        """The event it fires, in either wire format."""
+        return event_name(self.headers)
+
+    @property
     def delayed(self) -> bool:
         """Does it wait on the delay ladder first?"""
         return self.exchange == delays.ENTRY_EXCHANGE
@@ -115,17 +120,34 @@ def event_envelope(
     event_id: str | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
     """Headers and body of a newly fired event (under a new id unless ``event_id`` is given)."""
-    if event_id is not None and not (isinstance(event_id, str) and 0 < len(event_id.strip()) == len(event_id) <= 64):
-        # 64: the width of the outbox's and the inbox's event id columns.
-        raise ValueError(f"an event id must be a string of 1 to 64 characters without outer spaces, not {event_id!r}")
     # Only what a worker needs: Celery reads every other protocol-2 header with a default.
     headers = {
         "task": name,
-        "id": event_id if event_id is not None else str(uuid.uuid4()),
+        "id": new_event_id(event_id),
         FIRED_AT: isoformat(utcnow()),
         FIRED_BY: fired_by,
     }
     return headers, [list(args), dict(kwargs), EMPTY_EMBED]
+
+
+def new_event_id(given: str | None = None) -> str:
+    """The id of a newly fired event: ``given`` (checked), or a new UUID."""
+    if given is None:
+        return str(uuid.uuid4())
+    if not (isinstance(given, str) and 0 < len(given.strip()) == len(given) <= 64):
+        # 64: the width of the outbox's and the inbox's event id columns.
+        raise ValueError(f"an event id must be a string of 1 to 64 characters without outer spaces, not {given!r}")
+    return given
+
+
+def event_name(headers: Mapping[str, Any]) -> str:
+    """The event a message fires: its ``task`` header, or its ``ce-type`` (:mod:`amqp_events.cloud_events`)."""
+    return str(headers.get("task") or headers.get("ce-type") or "")
+
+
+def event_id(headers: Mapping[str, Any]) -> str:
+    """The event id of a message: its ``id`` header, or its ``ce-id``."""
+    return str(headers.get("id") or headers.get("ce-id") or "")
 
 
 def json_body(body: Any) -> bytes:
@@ -262,6 +284,8 @@ class Reason(str, Enum):
     BAD_ARGUMENTS = "bad_arguments"
     #: It failed inside a ``poisonous()`` section: it can never succeed on a retry.
     POISONOUS = "poisonous"
+    #: A CloudEvent without a required attribute, of another specversion, or with a malformed attribute.
+    INVALID_CLOUDEVENT = "invalid_cloudevent"
 
     def __str__(self) -> str:
         return self.value
@@ -348,7 +372,7 @@ def archived_message(delivered: Delivered, failure: Failure, service: str, handl
         routing_key=archive_queue_name(service),
         headers=headers,
         body=delivered.body,
-        message_id=str(delivered.headers.get("id") or uuid.uuid4()),
+        message_id=event_id(delivered.headers) or str(uuid.uuid4()),
         content_type=delivered.content_type or "application/octet-stream",
         content_encoding=delivered.content_encoding or "binary",
     )

@@ -39,6 +39,8 @@ from amqp_events.message import (
     archived_message,
     copy_headers,
     earlier_deliveries,
+    event_id,
+    event_name,
     isoformat,
     json_body,
     parse_time,
@@ -85,11 +87,11 @@ class Delivery:
 
     @property
     def event(self) -> str:
-        return str(self.headers.get("task") or "")
+        return event_name(self.headers)
 
     @property
     def event_id(self) -> str:
-        return str(self.headers.get("id") or "")
+        return event_id(self.headers)
 
     def task_body(self) -> list[Any]:
         return [list(self.args), dict(self.kwargs), EMPTY_EMBED]

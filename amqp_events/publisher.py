@@ -101,7 +101,7 @@ class Publisher:
                 what = "the broker refused it (nack)" if refused else f"broker unavailable ({exc!r})"
                 if time.monotonic() + pause >= deadline:
                     raise PublishError(
-                        f"could not publish {message.headers.get('task')!r} to "
+                        f"could not publish {message.event!r} to "
                         f"{message.exchange or 'the default exchange'!r} on {connection.as_uri()} "
                         f"within {self.timeout:g}s: {what}",
                         [message.message_id],

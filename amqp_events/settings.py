@@ -105,6 +105,9 @@ class Settings:
     #: Format of a worker's log lines: "text" (Celery's) or "json" (one JSON object per line, with the
     #: event's fields).
     log_format: str = "text"
+    #: How this service fires events: "celery" (Celery's task message, the default) or "cloudevents"
+    #: (CloudEvents binary mode, ``ce-`` headers: for consumers in other languages). Workers read both.
+    wire_format: str = "celery"
 
     def __post_init__(self) -> None:
         problems = []
@@ -132,6 +135,8 @@ class Settings:
             problems.append("inbox_retention and inbox_prune_interval must be > 0")
         if self.log_format not in ("text", "json"):
             problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
+        if self.wire_format not in ("celery", "cloudevents"):
+            problems.append(f"wire_format must be 'celery' or 'cloudevents', not {self.wire_format!r}")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 

@@ -57,7 +57,7 @@ def publishing(service: str, message: OutgoingMessage, delay: int) -> Any:
 
 @contextmanager
 def _publishing(service: str, message: OutgoingMessage, delay: int) -> Iterator[None]:
-    event = message.headers["task"]
+    event = message.event
     attributes = {
         **_messaging("publish", "send", message.exchange, event, message.message_id),
         "amqp_events.service": service,

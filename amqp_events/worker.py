@@ -5,9 +5,10 @@
   that names the queue, the argument and both values (raised from the
   consumer's start-up, where Celery treats it as unrecoverable). A worker
   that ends up consuming none of its service's event queues says so loudly.
-* A message it cannot run (:func:`cannot_run`: undecodable, not a task
+* A CloudEvent is read into the library's form first (:func:`admit`).
+  A message it cannot run (:func:`cannot_run`: undecodable, not a task
   body, an event this service has no handler for, a forbidden content
-  type) is archived with its reason and acked. If archiving fails, it tries again on a short
+  type, an unreadable CloudEvent) is archived with its reason and acked. If archiving fails, it tries again on a short
   schedule, then returns the message to its queue: never dropped, never
   held for good.
 * Every ``amqp_events_inbox_prune_interval`` seconds it removes the keys
@@ -32,7 +33,7 @@ from kombu import Connection
 from kombu.exceptions import ContentDisallowed
 from kombu.message import Message
 
-from amqp_events import delays
+from amqp_events import cloud_events, delays
 from amqp_events.clock import utcnow
 from amqp_events.declare import declare_topology
 from amqp_events.errors import InvalidName, TopologyMismatch
@@ -132,6 +133,18 @@ def origin_queue(service: str, exchange: str, routing_key: str) -> str:
         return event_queue_name(service, routing_key)
     except (InvalidName, ValueError):
         return ""
+
+
+def admit(message: Message, app: EventsApp) -> tuple[Reason, Exception] | None:
+    """Why a worker of ``app`` cannot run ``message`` (it archives it with that reason), if it cannot.
+
+    A CloudEvent is first read into the library's form, in place
+    (:func:`amqp_events.cloud_events.adopt`); one that cannot be read is refused as it arrived.
+    """
+    unreadable = cloud_events.adopt(message)
+    if unreadable is not None:
+        return unreadable.reason, unreadable
+    return cannot_run(message, app)
 
 
 def cannot_run(message: Message, app: EventsApp) -> tuple[Reason, Exception] | None:

@@ -17,8 +17,8 @@ from pathlib import Path
 from amqp_events.testing.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
+from bench import cloud_events, in_process, outbox, scenarios, tracing
 from bench import cluster as cluster_bench
-from bench import in_process, outbox, scenarios, tracing
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
 
@@ -78,6 +78,9 @@ def main() -> int:
         if wanted("tracing"):
             results += tracing.firing(bench, size)
             results += tracing.handling(bench, size)
+        if wanted("cloudevents"):
+            results.append(cloud_events.firing(bench, size))
+            results.append(cloud_events.handling(bench, size))
         if wanted("test_module"):
             results.append(in_process.a_test_module(bench, size))
         if wanted("memory"):

@@ -165,11 +165,12 @@ def drain(
     concurrency: int,
     python: str = sys.executable,
     worker_env: dict[str, str] | None = None,
+    wire_format: str = "celery",
 ) -> float:
     """Events/s one worker handles, ``size.drain`` no-op events already waiting in its queue.
 
     ``python``: the interpreter the worker runs with (another Celery line's virtualenv); ``worker_env``:
-    more environment for the worker.
+    more environment for the worker; ``wire_format``: how ours are fired ("cloudevents": by name).
     """
     with bench.run(f"drain-{library}") as run:
         if library == "ours":
@@ -177,7 +178,7 @@ def drain(
             app.declare_topology()
             with app.batch():
                 for n in range(size.drain):
-                    app.fire("bench.noop", [n], {"last": n == size.drain - 1})
+                    app.fire("bench.noop", kwargs={"n": n, "last": n == size.drain - 1}, wire_format=wire_format)
             app.close()
             queue = "bench:bench.noop"
         elif library in ("plain", "plain-quorum"):

@@ -379,3 +379,28 @@ def test_the_archive_keeps_the_newest_messages_up_to_its_length(mode):
     ids = [mode.producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(3)]
     mode.quiet(("orders",))
     assert [entry.id for entry in mode.archive("orders").list()] == ids[1:]
+
+
+def test_cloud_events_are_handled_retried_and_archived_like_any_event(mode, records):
+    mode.start("orders")
+    attributes = {"ce-specversion": "1.0", "ce-source": "urn:shop:web", "ce-type": "test.ping"}
+    flaky = {**attributes, "ce-id": "ce-flaky"}
+    untyped = {key: value for key, value in {**attributes, "ce-id": "ce-untyped"}.items() if key != "ce-type"}
+    for headers in (flaky, untyped):
+        body = b'{"tag": "foreign", "how": {"fail_times": 1}}'
+        assert mode.producer.transport.publish(OutgoingMessage("events", "test.ping", headers, body, "", JSON, "utf-8"))
+    fired_id = mode.producer.fire("test.ping", kwargs={"tag": "fired"}, wire_format="cloudevents")
+    mode.until(lambda: len(records.all(id="ce-flaky")) >= 2 and records.all(id=fired_id))
+    assert [(run["attempt"], run["fired_by"]) for run in records.all(id="ce-flaky")] == [
+        (1, "urn:shop:web"),
+        (2, "urn:shop:web"),
+    ]
+    [fired] = records.all(id=fired_id)
+    assert (fired["tag"], fired["fired_by"]) == ("fired", "tests")
+    [archived] = archived_in(mode, "orders", 1)
+    assert (archived.id, archived.reason, archived.cloud_event["source"]) == (
+        "ce-untyped",
+        Reason.INVALID_CLOUDEVENT,
+        "urn:shop:web",
+    )
+    assert "'type'" in archived.exception_message

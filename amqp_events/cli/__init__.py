@@ -8,6 +8,7 @@ import sys
 import click
 
 from amqp_events.cli.archive import archive
+from amqp_events.cli.asyncapi import asyncapi
 from amqp_events.cli.breakers import breakers
 from amqp_events.cli.broker import broker
 from amqp_events.cli.context import Context
@@ -38,5 +39,5 @@ def main(ctx: click.Context, app_name: str | None, broker: str | None, managemen
     ctx.obj = Context(app_name, broker, management_url)
 
 
-for command in (topology, archive, fire, outbox, inbox, exporter, broker, breakers):
+for command in (topology, archive, fire, outbox, inbox, exporter, broker, breakers, asyncapi):
     main.add_command(command)

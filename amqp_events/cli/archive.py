@@ -108,7 +108,12 @@ def archive_show(message_id: str, service: str | None, as_json: bool) -> None:
         click.echo(json.dumps(entry.to_json(), indent=2))
         return
     for key, value in entry.summary().items():
-        click.echo(f"{key + ':':<20}{value}")
+        if key != "cloudevent":
+            click.echo(f"{key + ':':<20}{value}")
+    if entry.cloud_event:
+        click.echo("cloudevent:")
+        for name, value in sorted(entry.cloud_event.items()):
+            click.echo(f"  {name + ':':<18}{value}")
     click.echo(f"{'routing key:':<20}{entry.routing_key}")
     click.echo(f"{'content type:':<20}{entry.content_type}")
     payload = entry.payload

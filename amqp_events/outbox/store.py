@@ -68,7 +68,7 @@ def row_values(message: OutgoingMessage, service: str, now: float, due_at: float
     """The row that stores ``message`` (published as it is, or through the delay ladder until ``due_at``)."""
     return {
         "event_id": message.message_id,
-        "event": str(message.headers.get("task") or ""),
+        "event": message.event,
         "service": service,
         "exchange": message.exchange,
         "routing_key": message.routing_key,

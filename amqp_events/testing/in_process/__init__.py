@@ -37,11 +37,11 @@ from typing import Any, Literal
 
 from kombu.serialization import dumps, loads
 
-from amqp_events import clock, delays
+from amqp_events import clock, cloud_events, delays
 from amqp_events.app import EventsApp
 from amqp_events.archive import Archive, ArchivedMessage
 from amqp_events.errors import PublishError
-from amqp_events.message import JSON, OutgoingMessage
+from amqp_events.message import JSON, OutgoingMessage, event_id, event_name
 from amqp_events.outcome import Archive as Archived
 from amqp_events.outcome import Delivery, Handling, Outcome, Redeliver
 from amqp_events.publisher import exchange_to_declare
@@ -286,8 +286,8 @@ class InProcess:
                 due = headers.get("due_at")
                 found.append(
                     Waiting(
-                        str(headers.get("task")),
-                        str(headers.get("id")),
+                        event_name(headers),
+                        event_id(headers),
                         destination,
                         datetime.fromisoformat(due) if isinstance(due, str) else None,
                     )
@@ -325,7 +325,7 @@ class InProcess:
 
     def published(self, message: OutgoingMessage, envelope: Envelope, routed: bool) -> None:
         """Note a fired event (and whether anyone handles it)."""
-        name = str(message.headers.get("task"))
+        name = message.event
         delay, subscribed = 0, routed
         if message.delayed:
             delay, destination = delays.decode_routing_key(message.routing_key)
@@ -334,8 +334,15 @@ class InProcess:
             subscribed = name in self.subscribed
         elif not message.exchange:
             return  # a copy for one queue: a retry, an archived or a replayed message
-        args, kwargs, _ = loads(envelope.body, envelope.content_type, envelope.content_encoding, accept=[JSON])
-        fired_by = message.headers.get("fired_by")
+        if cloud_events.is_cloud_event(envelope.headers, envelope.content_type):
+            try:
+                event = cloud_events.read(envelope.headers, envelope.body, envelope.content_type)
+            except cloud_events.Unreadable:
+                return  # a foreign producer's malformed message: its worker archives it
+            args, kwargs, fired_by = [], event.kwargs, event.attributes.get("source")
+        else:
+            args, kwargs, _ = loads(envelope.body, envelope.content_type, envelope.content_encoding, accept=[JSON])
+            fired_by = message.headers.get("fired_by")
         self.fired.append(FiredEvent(name, message.message_id, tuple(args), kwargs, fired_by, self.clock.now(), delay))
         if not subscribed and self.unhandled == "raise":
             self._unhandled.append(name)
@@ -391,7 +398,7 @@ class InProcessTransport:
         try:
             routed = self.broker.publish(envelope)
         except QueueFull as exc:
-            raise PublishError(f"the broker refused {message.headers.get('task')!r} (nack): {exc}") from exc
+            raise PublishError(f"the broker refused {message.event!r} (nack): {exc}") from exc
         self.mode.published(message, envelope, routed)
         return routed
 

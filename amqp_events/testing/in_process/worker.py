@@ -2,7 +2,7 @@
 
 For every message the in-process mode delivers, :class:`InProcessWorker`
 does what a ``celery worker`` of the service with the solo pool does: the
-consumer's checks (:func:`amqp_events.worker.cannot_run`, archiving what
+consumer's checks (:func:`amqp_events.worker.admit`, archiving what
 cannot run), then Celery's ``Request`` of the handler task, traced by
 Celery in this thread, which acks or rejects the message on the in-memory
 broker. So a handler's outcome is decided by the very code a worker runs.
@@ -24,7 +24,7 @@ from amqp_events.app import EventsApp
 from amqp_events.handler import EventHandler
 from amqp_events.metrics import HandlerMetrics
 from amqp_events.testing.in_process.memory import Envelope, MemoryBroker
-from amqp_events.worker import Archiver, cannot_run
+from amqp_events.worker import Archiver, admit
 
 
 class NotModelled(Exception):
@@ -59,7 +59,7 @@ class InProcessWorker:
             accept=self.accept,
             channel=channel,
         )
-        refused = cannot_run(message, self.app)
+        refused = admit(message, self.app)
         if refused is not None:
             self.archiver.archive(message, *refused)
         else:

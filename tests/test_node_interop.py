@@ -1,0 +1,177 @@
+"""Interoperability with clients not written in Python, nor by us: Node.js with the npm packages ``amqplib``,
+``cloudevents`` and ``@asyncapi/parser``, installed from the registry into a directory of the test session.
+
+* a Node producer fires CloudEvents (binary and structured) that a Python handler receives;
+* a Python service fires CloudEvents that a Node consumer reads with the CloudEvents SDK;
+* the AsyncAPI documents of the demo's services pass the AsyncAPI parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_readme import README, README_BROKER, write_blocks
+
+from amqp_events import events_app
+from amqp_events.cli import main
+from amqp_events.testing import wait_for
+
+NODE_SCRIPTS = Path(__file__).parent / "node"
+EXAMPLES = Path(__file__).parent.parent / "examples"
+NPM_PACKAGES = ("amqplib@^2.3", "cloudevents@^10", "@asyncapi/parser@^3.6")
+
+pytestmark = pytest.mark.xdist_group("node")  # one npm install, in whichever test process runs them
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment to run ``node`` with the npm packages installed (skips only where Node is missing)."""
+    if not shutil.which("node") or not shutil.which("npm"):
+        pytest.skip("Node.js and npm are not installed on this machine: the interop tests need them")
+    prefix = tmp_path_factory.mktemp("npm")
+    subprocess.run(
+        ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix), *NPM_PACKAGES],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return {**os.environ, "NODE_PATH": str(prefix / "node_modules")}
+
+
+def run_node(node: dict[str, str], script: str, *args: str, timeout: float = 60) -> str:
+    done = subprocess.run(
+        ["node", str(NODE_SCRIPTS / script), *args], env=node, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"node {script} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def printed(process: subprocess.Popen[str], count: int, timeout: float) -> list[str]:
+    """The next ``count`` lines ``process`` prints, waiting at most ``timeout`` seconds for them."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        lines.extend(process.stdout.readline().strip() for _ in range(count))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    assert len(lines) == count, f"{process.args} printed {lines} in {timeout:g}s, not {count} lines"
+    return lines
+
+
+@pytest.mark.parametrize("mode", ["binary", "structured"])
+def test_a_node_producer_fires_a_cloud_event_that_a_python_handler_receives(
+    mode, node, worker, producer, broker_url, records
+):
+    worker("orders")
+    producer.declare_topology()  # the events exchange, before a foreign producer publishes to it
+    event_id = f"node-{mode}-{uuid.uuid4().hex[:8]}"
+    data = json.dumps({"invoice_id": 42, "amount": "10.00"})
+    run_node(node, "fire.js", broker_url, mode, "billing.invoice.paid", event_id, data)
+    [run] = records.wait(1, tag="invoice-42")
+    assert (run["event"], run["id"], run["fired_by"], run["amount"]) == (
+        "billing.invoice.paid",
+        event_id,
+        "urn:node:checkout",
+        "10.00",
+    )
+
+
+def test_a_node_consumer_reads_what_a_python_service_fires_as_cloud_events(node, broker_url):
+    app = events_app("billing", broker_url=broker_url, amqp_events_wire_format="cloudevents")
+    app.declare_topology()
+    consumer = subprocess.Popen(
+        ["node", str(NODE_SCRIPTS / "consume.js"), broker_url, "billing.invoice.paid", "2"],
+        env=node,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert printed(consumer, 1, timeout=30) == ["ready"]
+        ids = [
+            app.fire("billing.invoice.paid", kwargs={"invoice_id": n, "amount": f"{n}.00"}, countdown=n - 1)
+            for n in (1, 2)  # the second waits a second on the delay ladder first
+        ]
+        out, err = consumer.communicate(timeout=30)
+    finally:
+        consumer.kill()
+        consumer.wait(timeout=10)
+        app.close()
+    assert consumer.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    for event, event_id, n in zip(events, ids, (1, 2), strict=True):
+        assert (event["type"], event["id"], event["source"], event["specversion"]) == (
+            "billing.invoice.paid",
+            event_id,
+            "billing",
+            "1.0",
+        )
+        assert event["data"] == {"invoice_id": n, "amount": f"{n}.00"} and event["time"].endswith("Z")
+
+
+def test_the_asyncapi_documents_of_the_demo_services_pass_the_asyncapi_parser(node, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    runner = CliRunner()
+    for service in ("billing", "orders", "shipping", "notifications"):
+        for output_format in ("yaml", "json"):
+            document = tmp_path / f"{service}.{output_format}"
+            result = runner.invoke(
+                main,
+                ["-A", service, "asyncapi", "--format", output_format, "-o", str(document)],
+                catch_exceptions=False,
+            )
+            assert result.exit_code == 0, result.output
+            report = run_node(node, "asyncapi.js", str(document)).splitlines()
+            counts = json.loads(report[-1])
+            assert counts["channels"] > 0 and counts["operations"] > 0, report
+            assert not [line for line in report[:-1] if json.loads(line)["severity"] <= 1], report  # nor warnings
+        sys.modules.pop(service, None)
+
+
+def readme_scripts() -> dict[str, str]:
+    """The README's JavaScript blocks, by the file name on their first line."""
+    blocks = re.findall(r"```javascript\n// (\S+\.js)[^\n]*\n(.*?)```", README, flags=re.S)
+    return {name: body for name, body in blocks}
+
+
+def test_the_readme_node_examples_work_as_written(node, tmp_path, broker_url, start_worker):
+    write_blocks(tmp_path, broker_url, "orders/celery.py", "orders/handlers.py", "billing/celery.py")
+    scripts = readme_scripts()
+    assert set(scripts) == {"fire-invoice.js", "read-invoices.js"}
+    for name, body in scripts.items():
+        (tmp_path / name).write_text(body.replace(README_BROKER, broker_url))
+    orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    wait_for(lambda: "ready" in orders.log(), 30, what="the orders worker")
+    subprocess.run(["node", "fire-invoice.js"], cwd=tmp_path, env=node, check=True, timeout=60)
+    wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders handling the Node event")
+
+    reader = subprocess.Popen(
+        ["node", "read-invoices.js"], cwd=tmp_path, env=node, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert printed(reader, 1, timeout=30) == ["waiting for invoices"]
+        fire = "from billing.celery import invoice_paid as paid; paid(7, '7.00'); paid.fire((8, '8.00'), countdown=1)"
+        subprocess.run([sys.executable, "-c", fire], cwd=tmp_path, check=True, timeout=60)
+        lines = printed(reader, 2, timeout=30)
+    finally:
+        reader.kill()
+        reader.wait(timeout=10)
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        '{"invoice_id":7,"amount":"7.00"}',
+        '{"invoice_id":8,"amount":"8.00"}',
+    ]
+    assert all(line.startswith("billing.invoice.paid ") and " from billing at " in line for line in lines)
+    wait_for(lambda: "invoice 8 paid: 8.00" in orders.log(), 30, what="orders handling billing's CloudEvents too")
