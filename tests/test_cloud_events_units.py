@@ -224,3 +224,22 @@ def test_the_asyncapi_document_sends_what_the_service_fires_and_receives_what_it
     assert schemas["billing.invoice.paid"]["required"] == ["invoice_id", "amount"]
     headers = described["components"]["messages"]["orders.placed.cloudevent"]["headers"]
     assert headers["properties"]["ce-type"] == {"const": "orders.placed"}
+
+
+def test_a_typed_event_fired_as_a_cloud_event_reaches_its_handler_as_an_instance():
+    from amqp_events.testing import in_process
+
+    app = events_app("shipping", broker_url="amqp://in-process.invalid//", amqp_events_wire_format="cloudevents")
+    ShippedEvent = app.event("orders.shipped")(Shipped)
+    received = []
+
+    @app.handler(ShippedEvent)
+    def on_shipped(event: Shipped) -> None:
+        received.append(event)
+
+    with in_process(app) as events:
+        event_id = ShippedEvent(order_id=7, lines=[Line("sku-1", 2)], carrier="dhl").fire()
+        [fired] = events.fired
+    assert fired.kwargs == {"order_id": 7, "lines": [{"sku": "sku-1", "quantity": 2}], "carrier": "dhl"}
+    [shipped] = received
+    assert (type(shipped).__name__, shipped.order_id, shipped.carrier, fired.id) == ("Shipped", 7, "dhl", event_id)
