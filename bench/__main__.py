@@ -93,8 +93,9 @@ def main() -> int:
     print(f"\n{len(results)} scenarios in {seconds:.0f}s")
     if not options.quick and not options.only:
         root = BENCH.parent
-        chart(results, BENCH / "chart.png")
+        # The table first: a run's figures are kept even where the chart cannot be drawn (no matplotlib).
         (root / "BENCHMARKS.md").write_text(markdown(results, seconds, NOTES.read_text()))
+        chart(results, BENCH / "chart.png")
         print(f"wrote {root / 'BENCHMARKS.md'} and {BENCH / 'chart.png'}")
     return 0
 
