@@ -130,7 +130,8 @@ def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> R
         raise Unreadable(
             Reason.FORBIDDEN_CONTENT_TYPE, f"CloudEvents in {media_type!r} are not read, only {STRUCTURED}"
         )
-    attributes = _structured_attributes(body) if structured else _binary_attributes(headers)
+    prefixed = {} if structured else _prefixed(headers)  # the attribute headers, scanned for once
+    attributes = _structured_attributes(body) if structured else _binary_attributes(prefixed)
     _check_required(attributes)
     datacontenttype = str(attributes.get("datacontenttype") or content_type or JSON)
     if not _JSON_MEDIA_TYPE.match(datacontenttype):
@@ -140,11 +141,11 @@ def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> R
     try:
         if structured:
             event = rabbitmq.from_structured(rabbitmq.RabbitMQMessage({}, content_type, body), json_format, CloudEvent)
-        elif _uses_amqp_prefixes(headers):
-            in_amqp = amqp.AMQPMessage({"content-type": datacontenttype}, _prefixed(headers), body)
+        elif not any(key.startswith("ce-") for key in prefixed):  # the AMQP binding's prefixes
+            in_amqp = amqp.AMQPMessage({"content-type": datacontenttype}, prefixed, body)
             event = amqp.from_binary(in_amqp, json_format, CloudEvent)
         else:
-            in_rabbitmq = rabbitmq.RabbitMQMessage(_as_strings(_prefixed(headers)), datacontenttype, body)
+            in_rabbitmq = rabbitmq.RabbitMQMessage(_as_strings(prefixed), datacontenttype, body)
             event = rabbitmq.from_binary(in_rabbitmq, json_format, CloudEvent)
     except (sdk.BaseCloudEventException, ValueError, TypeError, OverflowError) as exc:
         raise Unreadable(Reason.INVALID_CLOUDEVENT, f"not a valid CloudEvent {SPECVERSION}: {exc}") from None
@@ -187,7 +188,7 @@ def attributes_of(headers: Mapping[str, Any], body: bytes, content_type: str | N
             return _attribute_strings(_structured_attributes(body))
         except Unreadable:
             return {}
-    return _attribute_strings(_binary_attributes(headers))
+    return _attribute_strings(_binary_attributes(_prefixed(headers)))
 
 
 def binary_headers(name: str, event_id: str, source: str, time: datetime) -> dict[str, str]:
@@ -235,17 +236,14 @@ def _prefixed(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {key: _plain(value) for key, value in headers.items() if key.startswith(PREFIXES)}
 
 
-def _uses_amqp_prefixes(headers: Mapping[str, Any]) -> bool:
-    return not any(key.startswith("ce-") for key in headers)
+def _binary_attributes(prefixed: Mapping[str, Any]) -> dict[str, Any]:
+    """Attribute names and values of the headers :func:`_prefixed` found."""
+    return {_unprefixed(key): value for key, value in prefixed.items()}
 
 
-def _binary_attributes(headers: Mapping[str, Any]) -> dict[str, Any]:
-    attributes = {}
-    for key, value in headers.items():
-        for prefix in PREFIXES:
-            if key.startswith(prefix):
-                attributes[key[len(prefix) :].lower()] = _plain(value)
-    return attributes
+def _unprefixed(key: str) -> str:
+    prefix = next(prefix for prefix in PREFIXES if key.startswith(prefix))
+    return key[len(prefix) :].lower()
 
 
 def _structured_attributes(body: bytes) -> dict[str, Any]:
