@@ -8,9 +8,9 @@
 * A CloudEvent is read into the library's form first (:func:`admit`).
   A message it cannot run (:func:`cannot_run`: undecodable, not a task
   body, an event this service has no handler for, a forbidden content
-  type, an unreadable CloudEvent) is archived with its reason and acked. If archiving fails, it tries again on a short
-  schedule, then returns the message to its queue: never dropped, never
-  held for good.
+  type, an unreadable CloudEvent) is archived with its reason and acked.
+  If archiving fails, it tries again on a short schedule, then returns the
+  message to its queue: never dropped, never held for good.
 * Every ``amqp_events_inbox_prune_interval`` seconds it removes the keys
   older than ``amqp_events_inbox_retention`` from its handlers' inboxes, in
   small batches, in a thread of its own (:class:`InboxPruning`).
