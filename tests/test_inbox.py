@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import TESTS, wait_archived
@@ -159,10 +160,18 @@ def test_keys_older_than_the_retention_are_pruned_by_the_worker_and_the_cli(data
             + [{"service": "payments", "handler": "h", "event_id": "new", "processed_at": 4e9}],
         )
     payments(env={"PRUNE_INTERVAL": "1", "INBOX_RETENTION": "3600"})
-    keys = lambda: effects_db.connect().execute(select(func.count()).select_from(table)).scalar_one()  # noqa: E731
+
+    def keys() -> int:
+        with effects_db.connect() as connection:
+            return int(connection.execute(select(func.count()).select_from(table)).scalar_one())
+
     wait_for(lambda: keys() == 1, 30, what="the worker's pruning")
+    # Ten minutes old: past the CLI's 60 s, within the running worker's 3600 s, so only the CLI prunes it.
+    ten_minutes_ago = time.time() - 600
     with effects_db.begin() as connection:
-        connection.execute(insert(table).values(service="payments", handler="h", event_id="old", processed_at=0.0))
+        connection.execute(
+            insert(table).values(service="payments", handler="h", event_id="old", processed_at=ten_minutes_ago)
+        )
     pruned = cli("inbox", "prune", "--db", database, "--older-than", "60", app=None)
     assert "pruned 1 key(s)" in pruned.output and keys() == 1
 
