@@ -2,40 +2,48 @@
 
 >>> from amqp_events.celery import events_app
 >>> app = events_app("orders", broker_url="amqp://guest:guest@localhost:5672/")
+
+The package reads as its architecture (README, "Project layout"): the core knows nothing of Celery
+(:mod:`amqp_events.core`), cross-cutting features are middleware (:mod:`amqp_events.middleware`), and
+everything Celery is in one adapter (:mod:`amqp_events.celery`).
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-from amqp_events.app import EventsApp, events_app
-from amqp_events.breaker import BreakerPolicy
+from amqp_events.breakers import BreakerPolicy, Health
+from amqp_events.celery import EventsApp, events_app
+from amqp_events.celery.app import VERSION as __version__
+from amqp_events.celery.task import EventHandler
+from amqp_events.core.context import Middleware
+from amqp_events.core.delivery import current_event
+from amqp_events.core.events import Event
+from amqp_events.core.policy import RetryPolicy
+from amqp_events.core.sections import optional, poisonous, retry
 from amqp_events.errors import (
     BadArguments,
+    BreakerOpen,
     DelayTooLong,
     DuplicateHandler,
     InvalidName,
+    LocalServerError,
+    ManagementError,
+    NotModelled,
     PermanentFailure,
     PublishError,
+    Refused,
     Rejected,
+    RelayConflict,
     RetryRequested,
     SettingsFrozen,
     TopologyMismatch,
     TopologyMissing,
+    UnhandledEvent,
     WorkerLost,
+    WorkerStartError,
 )
-from amqp_events.events import Event
-from amqp_events.handler import EventHandler, current_event
-from amqp_events.health import Health
-from amqp_events.message import EventMetadata, Reason
-from amqp_events.policy import RetryPolicy
-from amqp_events.sections import optional, poisonous, retry
-
-try:
-    __version__ = version("celery-amqp-events")
-except PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
+from amqp_events.wire.message import EventMetadata, Reason
 
 __all__ = [
     "BadArguments",
+    "BreakerOpen",
     "BreakerPolicy",
     "DelayTooLong",
     "DuplicateHandler",
@@ -45,16 +53,24 @@ __all__ = [
     "EventsApp",
     "Health",
     "InvalidName",
+    "LocalServerError",
+    "ManagementError",
+    "Middleware",
+    "NotModelled",
     "PermanentFailure",
     "PublishError",
     "Reason",
+    "Refused",
     "Rejected",
+    "RelayConflict",
     "RetryPolicy",
     "RetryRequested",
     "SettingsFrozen",
     "TopologyMismatch",
     "TopologyMissing",
+    "UnhandledEvent",
     "WorkerLost",
+    "WorkerStartError",
     "__version__",
     "current_event",
     "events_app",

@@ -1,31 +1,49 @@
-"""The time the library reads: the system clock, or a test's virtual clock.
+"""The time a service reads: the system clock, or a test's virtual clock.
 
-Every timestamp the library puts on a message (``fired_at``, ``due_at``,
-``first_failure_at``, the archive's times) comes from :func:`utcnow`. The
-in-process mode of :mod:`amqp_events.testing` swaps in its virtual clock
-(:func:`use`) so that those times agree with the delays it simulates.
+Every timestamp a service puts on a message (``fired_at``, ``due_at``,
+``first_failure_at``, the archive's times) comes from its own clock
+(:attr:`amqp_events.core.context.ServiceContext.clock`). While a handler
+runs, :func:`utcnow` reads that service's clock, so that a handler run by the
+in-process mode of :mod:`amqp_events.testing` sees the virtual time too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timezone
+from typing import Protocol
 
-_source: Callable[[], datetime] | None = None
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Now, as an aware UTC datetime."""
+
+
+class SystemClock:
+    """The real time."""
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+
+SYSTEM_CLOCK = SystemClock()
+
+#: The clock of the service whose handler runs in this context.
+_running: ContextVar[Clock] = ContextVar("amqp_events_clock", default=SYSTEM_CLOCK)
 
 
 def utcnow() -> datetime:
-    """Now, as an aware UTC datetime."""
-    return _source() if _source is not None else datetime.now(timezone.utc)
+    """Now, as an aware UTC datetime: by the clock of the service whose handler is running, else the system's."""
+    return _running.get().now()
 
 
 @contextmanager
-def use(source: Callable[[], datetime]) -> Iterator[None]:
-    """Read the time from ``source`` inside the block (in every thread)."""
-    global _source
-    previous, _source = _source, source
+def reading(clock: Clock) -> Iterator[None]:
+    """Inside the block (in this context only), :func:`utcnow` reads ``clock``."""
+    token = _running.set(clock)
     try:
         yield
     finally:
-        _source = previous
+        _running.reset(token)

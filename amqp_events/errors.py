@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PermanentFailure(Exception):
     """Raise from a handler to archive its message at once (reason ``non_retryable``)."""
@@ -66,3 +68,38 @@ class RetryRequested(Exception):
 
 class BreakerOpen(Exception):
     """A prefetched message was handed back unrun: its handler's circuit breaker is open."""
+
+
+class Refused(Exception):
+    """A worker cannot run a message at all (a CloudEvent it cannot read, a body that is not an event...).
+
+    ``reason`` is the :class:`~amqp_events.Reason` it is archived with, as it arrived.
+    """
+
+    def __init__(self, reason: Any, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
+
+
+class ManagementError(RuntimeError):
+    """RabbitMQ's management API answered with an error or could not be reached."""
+
+
+class RelayConflict(RuntimeError):
+    """Another relay already relays this SQLite outbox (one at a time)."""
+
+
+class LocalServerError(RuntimeError):
+    """A private development server (RabbitMQ node, PostgreSQL, Redis) could not be started, reached or stopped."""
+
+
+class WorkerStartError(RuntimeError):
+    """A ``celery worker`` started by the testing helpers exited or did not become ready in time."""
+
+
+class NotModelled(Exception):
+    """The test relies on something the in-process mode does not model: test it against a real broker."""
+
+
+class UnhandledEvent(AssertionError):
+    """An event was fired that no service in the test handles (``in_process(..., unhandled="ignore")`` allows it)."""

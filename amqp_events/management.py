@@ -9,9 +9,7 @@ import urllib.request
 from base64 import b64encode
 from typing import Any
 
-
-class ManagementError(RuntimeError):
-    """The management API answered with an error or could not be reached."""
+from amqp_events.errors import ManagementError
 
 
 class ManagementAPI:

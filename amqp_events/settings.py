@@ -1,6 +1,6 @@
 """Settings of the library: Celery defaults, our own ``amqp_events_*`` keys and environment variables.
 
-Everything here is plain data; :func:`amqp_events.app.events_app` applies it.
+Everything here is plain data; :func:`amqp_events.celery.events_app` applies it.
 """
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
-
-from amqp_events.delays import MAX_DELAY
 
 #: Celery settings ``events_app`` applies before the caller's own (SPEC "safe defaults").
 CELERY_DEFAULTS: dict[str, Any] = {
@@ -25,7 +23,7 @@ CELERY_DEFAULTS: dict[str, Any] = {
     "task_ignore_result": True,
     "broker_transport_options": {"confirm_publish": True},
     "broker_connection_retry_on_startup": True,
-    "worker_consumer": "amqp_events._celery_compat:EventConsumer",
+    "worker_consumer": "amqp_events.celery.consumer:EventConsumer",
     # Measured in bench/: quorum queues deliver slowly with a small prefetch window
     # (solo: ~2,200 events/s at 4, ~3,400/s at 16, no gain beyond).
     "worker_prefetch_multiplier": 16,
@@ -115,8 +113,6 @@ class Settings:
             problems.append(f"max_retries must be >= 0, not {self.max_retries}")
         if self.backoff_base <= 0 or self.backoff_max < self.backoff_base:
             problems.append(f"need 0 < backoff_base <= backoff_max, got {self.backoff_base} and {self.backoff_max}")
-        if self.backoff_max > MAX_DELAY:
-            problems.append(f"backoff_max must be at most {MAX_DELAY} s")
         if self.max_deliveries < 1 or self.max_redeliveries < 1:
             problems.append("max_deliveries and max_redeliveries must be >= 1")
         if self.quorum_group_size < 0:

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from amqp_events.testing.cluster import LocalCluster
+from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
 from bench import cloud_events, in_process, outbox, scenarios, tracing

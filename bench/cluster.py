@@ -6,7 +6,7 @@ import threading
 import time
 
 from amqp_events import PublishError
-from amqp_events.testing.cluster import LocalCluster
+from amqp_events.local.cluster import LocalCluster
 from bench.harness import Bench, median, percentile, throughput
 from bench.scenarios import Result, Size, ours_app
 

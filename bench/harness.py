@@ -16,8 +16,8 @@ from pathlib import Path
 
 from kombu import Connection
 
-from amqp_events.testing.broker import LocalBroker
-from amqp_events.testing.cluster import LocalCluster
+from amqp_events.local.broker import LocalBroker
+from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 
 BENCH = Path(__file__).resolve().parent

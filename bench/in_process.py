@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-from amqp_events.archive import Archive
 from bench.harness import APPS, Bench, median
 from bench.scenarios import Result, Size
 
@@ -57,7 +56,7 @@ def _on_a_broker(bench: Bench, size: Size) -> tuple[float, int]:
         sys.modules.pop("invoices", None)
         import invoices
 
-        archive = Archive(invoices.billing, "shipping")
+        archive = invoices.billing.archive("shipping")
         started = time.monotonic()
         for n in range(tests):
             for invoice_id in range(3 * n, 3 * n + 3):

@@ -20,11 +20,11 @@ from pathlib import Path
 from kombu import Connection, Queue
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine, insert, select, update
 
-from amqp_events.declare import declare_topology
 from amqp_events.inbox.sql import InboxTable
 from amqp_events.outbox.relay import Relay
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.topology import service_topology
+from amqp_events.topology.declare import declare_topology
 from bench.harness import Bench, Run, median, percentile, throughput
 from bench.scenarios import Result, Size, ours_app
 
@@ -110,7 +110,7 @@ def relay_throughput(bench: Bench, postgres: LocalPostgres, size: Size) -> Resul
             with engine.begin() as connection, app.outbox(connection), app.batch():
                 for n in range(size.batch):
                     app.fire("bench.noop", [n], {})
-            relay = Relay(app, store)
+            relay = Relay(app.context, store)
             started = time.perf_counter()
             while relay.run_once():
                 pass
@@ -166,7 +166,7 @@ def _latencies(run: Run, engine: Engine, size: Size, in_process: bool) -> list[f
     app.declare_topology()
     store = app.outbox_store(engine=engine)
     store.create()
-    relay = None if in_process else Relay(app, store)
+    relay = None if in_process else Relay(app.context, store)
     relaying = threading.Thread(target=relay.run, daemon=True) if relay is not None else None
     if relaying is not None:
         relaying.start()

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from amqp_events.archive import Archive  # noqa: E402
-from amqp_events.testing.broker import LocalBroker  # noqa: E402
+from amqp_events.local.broker import LocalBroker  # noqa: E402
 from amqp_events.testing.workers import WorkerProcess, worker_argv  # noqa: E402
 
 SERVICES = {  # service -> (pool, concurrency)
@@ -74,7 +74,7 @@ def main() -> int:
             say(f"validation runs before publishing: {exc} (nothing was published)")
         fire(billing, options.events)
         outcome = wait_for_handlers(journal, options.events, options.timeout)
-        summarize(outcome, Archive(billing.app, "shipping"), time.monotonic() - started)
+        summarize(outcome, billing.app.archive("shipping"), time.monotonic() - started)
         billing.app.close()
         return 0
     except KeyboardInterrupt:

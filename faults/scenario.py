@@ -39,11 +39,10 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine
 
 from amqp_events import PublishError, events_app
-from amqp_events.archive import Archive
 from amqp_events.inbox.sql import InboxTable
+from amqp_events.local.broker import LocalBroker
+from amqp_events.local.cluster import LocalCluster
 from amqp_events.management import ManagementAPI
-from amqp_events.testing.broker import LocalBroker
-from amqp_events.testing.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 from faults import effects, probes
@@ -432,7 +431,7 @@ def archive_contents(app: object) -> tuple[Counter[str], Counter[str]]:
     keys: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     for service in SERVICES:
-        for entry in Archive(app, service).list():  # type: ignore[arg-type]
+        for entry in app.archive(service).list():
             probe = entry.headers.get("fault_probe")
             payload = entry.payload
             seq = payload[1].get("seq") if isinstance(payload, list) and len(payload) > 1 else None

@@ -119,9 +119,8 @@ def producer(broker_url: str) -> Iterator[EventsApp]:
 @pytest.fixture
 def archive_of(producer: EventsApp) -> Callable[[str], Any]:
     """``archive_of("orders")``: that service's archive, read through the test's producer app."""
-    from amqp_events.archive import Archive
 
-    return lambda service: Archive(producer, service)
+    return producer.archive
 
 
 def wait_archived(archive: Any, count: int, timeout: float = 30.0) -> list[Any]:

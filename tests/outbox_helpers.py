@@ -28,7 +28,7 @@ invoices = Table("invoices", metadata, Column("id", Integer, primary_key=True), 
 @contextmanager
 def relaying(app: EventsApp, store: OutboxStore, **options: float) -> Iterator[Relay]:
     """A relay running in a thread of the test for the block; it must stop cleanly at the end."""
-    relay = Relay(app, store, poll_interval=options.pop("poll_interval", 0.2), **options)  # type: ignore[arg-type]
+    relay = Relay(app.context, store, poll_interval=options.pop("poll_interval", 0.2), **options)  # type: ignore[arg-type]
     thread = threading.Thread(target=relay.run, daemon=True, name="test-relay")
     thread.start()
     try:

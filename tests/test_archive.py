@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_archived
 
 from amqp_events import Reason
-from amqp_events.archive import Archive, Selection
+from amqp_events.archive import Selection
 from amqp_events.testing import wait_for
 
 
@@ -100,4 +100,4 @@ def test_zero_limits_mean_unbounded_not_drop_everything(worker, producer, archiv
 
 def test_an_archive_that_does_not_exist_is_a_clear_error(producer):
     with pytest.raises(Exception, match=r"NOT_FOUND.*nobody\.archive"):
-        Archive(producer, "nobody").list()
+        producer.archive("nobody").list()

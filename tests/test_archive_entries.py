@@ -7,7 +7,7 @@ import pickle
 
 from amqp_events import Reason
 from amqp_events.archive import ArchivedMessage, Selection, replay_message
-from amqp_events.message import Delivered, Failure, archived_message
+from amqp_events.wire.archived import Delivered, Failure, archived_message
 
 
 def archived(body: bytes, content_type: str = "application/json", **headers: object) -> ArchivedMessage:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from amqp_events.breaker import Breaker, BreakerPolicy, State
+from amqp_events.breakers.breaker import Breaker, BreakerPolicy, State
 
 
 def test_three_failures_within_the_window_trip_it_and_successes_do_not():

@@ -1,4 +1,4 @@
-"""Each adjustment of Celery's internals (amqp_events._celery_compat) is still called by the Celery installed.
+"""Each adjustment of Celery's internals (the adapter, amqp_events.celery) is still called by the Celery installed.
 
 If an upgrade of Celery, kombu or billiard moves a hook, one of these fails.
 Broker tests cover the behaviour each adjustment exists for: the handler
@@ -21,7 +21,10 @@ from celery.worker.worker import WorkController
 from kombu.asynchronous import Hub
 from vine import promise
 
-from amqp_events import _celery_compat, events_app
+from amqp_events import events_app
+from amqp_events.celery import conf as celery_conf
+from amqp_events.celery import consumer, queues
+from amqp_events.celery import loop as event_loop
 from amqp_events.testing import wait_for
 
 
@@ -35,7 +38,7 @@ def test_celery_reads_the_queue_table_before_it_imports_worker_include_modules()
 def test_the_queue_table_follows_handlers_registered_after_it_was_built():
     app = events_app("orders", broker_url="amqp://localhost//")
     table = app.amqp.queues  # what a worker reads before `--include` modules are imported
-    assert isinstance(table, _celery_compat.EventQueues) and "celery" not in table
+    assert isinstance(table, queues.EventQueues) and "celery" not in table
 
     @app.handler("billing.invoice.paid")
     def on_paid(invoice_id: int) -> None: ...
@@ -52,7 +55,7 @@ def test_the_queue_table_follows_handlers_registered_after_it_was_built():
 
 def test_the_delayed_delivery_step_left_out_is_still_called_that():
     assert any(step.endswith(":DelayedDelivery") for step in Consumer.Blueprint.default_steps)
-    assert not any(step.endswith(":DelayedDelivery") for step in _celery_compat.EventConsumer.Blueprint.default_steps)
+    assert not any(step.endswith(":DelayedDelivery") for step in consumer.EventConsumer.Blueprint.default_steps)
 
 
 def test_the_task_handler_still_makes_its_ack_promises_with_the_promise_it_is_given():
@@ -67,7 +70,7 @@ def test_acks_now_runs_ack_callbacks_at_once_and_leaves_other_promises_alone():
     def deferred(p, *args):  # stands for Consumer.call_soon: queues for later
         done.append("deferred")
 
-    acks = _celery_compat.acks_now(promise, deferred=(deferred,))
+    acks = event_loop.acks_now(promise, deferred=(deferred,))
     acks(deferred, (lambda *args: done.append("acked"),))("logger", "errors")
     acks(lambda *args: done.append("other"), ())()
     assert done == ["acked", "other"]
@@ -83,8 +86,8 @@ def test_a_solo_worker_sends_each_ack_at_once(broker_url, monkeypatch):
         handled.append(n)
 
     sent_at_once: list[str] = []
-    real = _celery_compat.call_now
-    monkeypatch.setattr(_celery_compat, "call_now", lambda *a, **kw: (sent_at_once.append("ack"), real(*a, **kw)))
+    real = event_loop.call_now
+    monkeypatch.setattr(event_loop, "call_now", lambda *a, **kw: (sent_at_once.append("ack"), real(*a, **kw)))
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
         for n in range(5):
             app.fire("compat.ping", [n], {})
@@ -101,7 +104,7 @@ def test_a_lost_process_is_still_reported_to_on_failure_with_these_arguments():
 
 def test_the_waker_ends_a_poll_of_the_event_loop_at_once():
     hub = Hub()
-    waker = _celery_compat.LoopWaker(hub)
+    waker = event_loop.LoopWaker(hub)
     hub.call_later(60, lambda: None)  # the loop polls as long as it may (up to 10 s)
     loop = hub.create_loop()
     next(loop)  # first turn: sets up the loop
@@ -120,6 +123,6 @@ def test_settings_changes_still_go_through_the_guarded_methods():
     conf = app.conf
     assert type(conf).__setattr__ is not object.__setattr__  # attribute writes become item writes
     assert app.events_settings.exchange == "events"  # read: from now on they are guarded
-    assert isinstance(app.conf, _celery_compat.GuardedSettings) and app.conf is conf
+    assert isinstance(app.conf, celery_conf.GuardedSettings) and app.conf is conf
     with pytest.raises(Exception, match="cannot change now"):
         conf.setdefault("amqp_events_exchange", "x")  # not set yet: it would change what was read

@@ -17,7 +17,7 @@ from conftest import TESTS, wait_archived
 from kombu import Connection
 
 from amqp_events.cli import main
-from amqp_events.testing.broker import LocalBroker
+from amqp_events.local.broker import LocalBroker
 
 
 def fill(worker, producer, archive, tags, event="test.ping"):
@@ -100,9 +100,8 @@ def test_a_replay_killed_between_publish_and_ack_loses_nothing(worker, producer,
     # The replay process dies right after the broker confirmed the first replacement, before its removal.
     script = (
         "import os, signal\n"
-        "from amqp_events.archive import Archive\n"
         "from services.orders import app\n"
-        "Archive(app).replay(on_replayed=lambda archived: os.kill(os.getpid(), signal.SIGKILL))\n"
+        "app.archive().replay(on_replayed=lambda archived: os.kill(os.getpid(), signal.SIGKILL))\n"
     )
     env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
     done = subprocess.run([sys.executable, "-c", script], env=env, cwd=TESTS, timeout=60, capture_output=True)

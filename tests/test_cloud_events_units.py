@@ -17,13 +17,23 @@ from cloudevents.core.v1.event import CloudEvent
 from kombu.message import Message
 
 from amqp_events import Reason, events_app
-from amqp_events.asyncapi import document
-from amqp_events.cloud_events import CLOUDEVENT, Unreadable, adopt, attributes_of, is_cloud_event, read
-from amqp_events.events import keyword_arguments
-from amqp_events.message import JSON
-from amqp_events.schemas import payload_schema
+from amqp_events.asyncapi.document import document
+from amqp_events.asyncapi.schemas import payload_schema
+from amqp_events.celery.received import read_in_place
+from amqp_events.core.events import keyword_arguments
+from amqp_events.errors import Refused as Unreadable
+from amqp_events.middleware.cloud_events import CloudEventsReader
+from amqp_events.wire.cloud_events import CLOUDEVENT, attributes_of, is_cloud_event, read
+from amqp_events.wire.message import JSON
 
 TIME = datetime(2026, 11, 23, 9, 30, tzinfo=timezone.utc)
+
+
+def adopt(message: Message) -> Unreadable | None:
+    """A worker's reading of a message as it arrived, with the CloudEvents middleware."""
+    return read_in_place(message, lambda received: CloudEventsReader().before_receive(None, received))
+
+
 ATTRIBUTES = {"type": "billing.invoice.paid", "source": "/billing", "id": "inv-42", "time": TIME}
 DATA = {"invoice_id": 42, "amount": "10.00"}
 
@@ -205,7 +215,7 @@ def test_the_asyncapi_document_sends_what_the_service_fires_and_receives_what_it
     def on_paid(invoice_id: int, amount: str) -> None:
         pass
 
-    described = document(app)
+    described = document(app.context, app.declared_events, app.conf.broker_url)
     assert described["asyncapi"] == "3.0.0"
     assert described["servers"]["rabbitmq"]["host"] == "rabbit.example:5673"
     assert "secret" not in json.dumps(described)  # the broker's password never leaves

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from amqp_events import PublishError, events_app
 from amqp_events.cli import main
+from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing import wait_for
-from amqp_events.testing.cluster import LocalCluster
 
 
 def vhost_of(url: str) -> str:

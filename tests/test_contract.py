@@ -25,9 +25,9 @@ from kombu.exceptions import EncodeError
 
 from amqp_events import EventsApp, Reason, events_app
 from amqp_events.archive import Archive, ArchivedMessage
-from amqp_events.message import JSON, OutgoingMessage
 from amqp_events.testing import wait_for
 from amqp_events.testing.in_process import InProcess, in_process
+from amqp_events.wire.message import JSON, OutgoingMessage
 
 
 class Mode:
@@ -56,7 +56,7 @@ class Mode:
         raise NotImplementedError
 
     def archive(self, service: str) -> Archive:
-        return Archive(self.producer, service)
+        return self.producer.archive(service)
 
     def assert_waited(self, waited: float, delay: float) -> None:
         """``waited`` seconds between two runs that ``delay`` separates: exactly so in-process, never less."""

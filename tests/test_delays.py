@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from amqp_events import delays
+from amqp_events.topology import delays
 
 
 def passes(delay: int) -> list[int]:

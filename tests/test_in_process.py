@@ -307,8 +307,9 @@ def test_the_clock_starts_where_asked_and_stamps_the_library_s_times(billing, sh
 
 
 def test_outcome_settled_receivers_see_every_outcome_and_cannot_break_one(billing, shipping):
-    from amqp_events.outcome import Ack, Archive
-    from amqp_events.signals import outcome_settled
+    from amqp_events.celery.signals import outcome_settled
+    from amqp_events.core.outcome import Ack
+    from amqp_events.core.outcome import SendToArchive as Archive
 
     seen = []
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import scrape, value, wait_archived
 
-from amqp_events.metrics.exporter import Exporter
+from amqp_events.exporter import Exporter
+from amqp_events.local.broker import free_port
 from amqp_events.testing import wait_for
-from amqp_events.testing.broker import free_port
 
 
 @pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("prefork", 2)])

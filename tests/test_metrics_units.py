@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from amqp_events.exporter import WorkerStates, queue_kind
 from amqp_events.metrics import OTHER, ExceptionLabels
-from amqp_events.metrics.exporter import WorkerStates, queue_kind
 from amqp_events.settings import Settings
 from amqp_events.topology import service_topology
 

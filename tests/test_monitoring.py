@@ -15,10 +15,10 @@ import yaml
 from conftest import wait_archived
 
 from amqp_events import events_app
+from amqp_events.exporter import Exporter
+from amqp_events.local.broker import free_port
 from amqp_events.metrics import instruments
-from amqp_events.metrics.exporter import Exporter
 from amqp_events.testing import wait_for
-from amqp_events.testing.broker import free_port
 
 MONITORING = Path(__file__).parent.parent / "monitoring"
 PROMTOOL = shutil.which("promtool")

@@ -16,8 +16,8 @@ from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
 from amqp_events import events_app
+from amqp_events.local.broker import LocalBroker, free_port
 from amqp_events.testing import wait_for
-from amqp_events.testing.broker import LocalBroker, free_port
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ from sqlalchemy import create_engine
 from sqlalchemy.dialects import postgresql, sqlite
 
 from amqp_events import events_app
-from amqp_events.message import OutgoingMessage
 from amqp_events.outbox.schema import WRITTEN, outbox_tables
 from amqp_events.outbox.store import OutboxRow, row_values
 from amqp_events.outbox.writer import target_of
 from amqp_events.settings import Settings
+from amqp_events.wire.message import OutgoingMessage
 
 
 def test_postgresql_gets_a_trigger_that_notifies_relays_sqlite_does_not():

@@ -7,11 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from amqp_events import PermanentFailure, Reason, Rejected, WorkerLost, delays
-from amqp_events.message import ARCHIVE_HEADERS, DUE_AT, EMPTY_EMBED, FIRST_FAILURE_AT, LOST_RUNS, isoformat
-from amqp_events.outcome import (
+from amqp_events import PermanentFailure, Reason, Rejected, WorkerLost
+from amqp_events.core.outcome import (
     Ack,
-    Archive,
     CannotRun,
     Delivery,
     Failed,
@@ -22,7 +20,10 @@ from amqp_events.outcome import (
     decide,
     refusal,
 )
-from amqp_events.policy import RetryPolicy
+from amqp_events.core.outcome import SendToArchive as Archive
+from amqp_events.core.policy import RetryPolicy
+from amqp_events.topology import delays
+from amqp_events.wire.message import ARCHIVE_HEADERS, DUE_AT, EMPTY_EMBED, FIRST_FAILURE_AT, LOST_RUNS, isoformat
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
 QUEUE = "orders:billing.invoice.paid"

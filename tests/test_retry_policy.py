@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from amqp_events import PermanentFailure, Reason, RetryPolicy
-from amqp_events.policy import GiveUp, RetryLater
+from amqp_events.core.policy import GiveUp, RetryLater
 from amqp_events.settings import Settings
 
 

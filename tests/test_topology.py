@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from amqp_events import delays
+from amqp_events.errors import InvalidName
 from amqp_events.settings import Settings
 from amqp_events.topology import (
-    InvalidName,
     archive_queue_name,
+    delays,
     event_queue_name,
     service_topology,
 )
@@ -104,7 +104,7 @@ def test_a_custom_events_exchange():
 def test_the_check_notes_dead_letters_a_queue_holds_with_its_leader():
     from kombu import Queue
 
-    from amqp_events.check import _replicas
+    from amqp_events.topology.check import _replicas
 
     live = {"members": ["a@h", "b@h", "c@h"], "online": ["a@h", "b@h", "c@h"], "leader": "b@h", "messages_dlx": 4}
     [note] = _replicas(Queue("amqp_events.delay.00"), live, group_size=3, nodes=3)

@@ -195,12 +195,15 @@ def test_with_celerys_own_instrumentation_there_is_one_tree(traced, spans, broke
 
 
 def test_without_a_tracer_provider_there_are_no_spans_and_no_trace_headers(start_worker, broker_url, producer):
-    from amqp_events import tracing
+    from amqp_events.core.context import Firing
+    from amqp_events.middleware import tracing
 
     assert not tracing.enabled()  # this test process configures none
-    message = producer.event_message("test.traced", [], {"invoice_id": 1})
-    with tracing.publishing("tests", message, 0):
-        pass
+    firing = Firing(producer.context, producer.event_message("test.traced", [], {"invoice_id": 1}), 0, batched=False)
+    middleware = tracing.Tracing("test")
+    middleware.before_fire(firing)
+    middleware.after_fire(firing, "confirmed", None)
+    message = firing.message
     assert not {"traceparent", "tracestate", "baggage"} & set(message.headers)
 
 

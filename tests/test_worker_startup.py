@@ -6,9 +6,9 @@ import pytest
 from kombu import Connection
 
 from amqp_events import TopologyMismatch, events_app
-from amqp_events.declare import declare_topology
 from amqp_events.settings import Settings
-from amqp_events.topology import PLACEMENT, service_topology
+from amqp_events.topology.declare import declare_topology
+from amqp_events.topology.layout import PLACEMENT, service_topology
 
 
 def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from amqp_events.asyncapi import document
+from amqp_events.asyncapi.document import document
 from amqp_events.cli.context import Context, pass_context
 
 
@@ -18,7 +18,8 @@ from amqp_events.cli.context import Context, pass_context
 @pass_context
 def asyncapi(context: Context, output_format: str, api_version: str, output: Any) -> None:
     """Print the AsyncAPI 3.0 document of the app's service: the events it fires and handles."""
-    described = document(context.app, api_version)
+    app = context.app
+    described = document(app.context, app.declared_events, app.conf.broker_url, api_version)
     if output_format == "json":
         output.write(json.dumps(described, indent=2) + "\n")
         return

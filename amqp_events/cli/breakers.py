@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from amqp_events.cli.context import current_context, one_line_errors
-from amqp_events.topology import heartbeats_listener
+from amqp_events.topology.layout import heartbeats_listener
 
 
 @click.group(invoke_without_command=True)

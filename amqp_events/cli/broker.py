@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 import click
 
 from amqp_events.cli.context import expecting
-from amqp_events.testing.broker import LocalBroker, LocalBrokerError
-from amqp_events.testing.cluster import LocalCluster
+from amqp_events.errors import LocalServerError
+from amqp_events.local.broker import LocalBroker
+from amqp_events.local.cluster import LocalCluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,7 +68,7 @@ def describe(started: LocalBroker | LocalCluster) -> None:
 @directory_option
 @click.option("--port", type=int, help="AMQP port of a single node (default: a free one).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in one cluster.")
-@expecting(LocalBrokerError)
+@expecting(LocalServerError)
 def broker_start(directory: Path, port: int | None, nodes: int) -> None:
     """Start the node or the cluster (it keeps running after this command) and print its URLs."""
     started = LocalCluster(directory, nodes) if nodes > 1 else LocalBroker(directory, port)
@@ -77,7 +78,7 @@ def broker_start(directory: Path, port: int | None, nodes: int) -> None:
 
 @broker.command("stop")
 @directory_option
-@expecting(LocalBrokerError)
+@expecting(LocalServerError)
 def broker_stop(directory: Path) -> None:
     """Stop the node (or every node of the cluster) and everything it started."""
     started = started_in(directory)
@@ -100,7 +101,7 @@ def broker_status(directory: Path) -> None:
 @broker.command("kill")
 @click.argument("node")
 @directory_option
-@expecting(LocalBrokerError)
+@expecting(LocalServerError)
 def broker_kill(node: str, directory: Path) -> None:
     """SIGKILL one node of the cluster (its number or its name), as a power cut would."""
     cluster = cluster_in(directory)
@@ -112,7 +113,7 @@ def broker_kill(node: str, directory: Path) -> None:
 @broker.command("restart")
 @click.argument("node")
 @directory_option
-@expecting(LocalBrokerError)
+@expecting(LocalServerError)
 def broker_restart(node: str, directory: Path) -> None:
     """Stop one node of the cluster gracefully (if it runs), start it again, wait until the cluster has it back."""
     cluster = cluster_in(directory)

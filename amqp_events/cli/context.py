@@ -11,9 +11,9 @@ from amqp.exceptions import NotFound
 from kombu import Connection
 from kombu.exceptions import OperationalError
 
-from amqp_events.app import EventsApp
-from amqp_events.errors import InvalidName, PublishError, TopologyMismatch, TopologyMissing
-from amqp_events.management import ManagementAPI, ManagementError
+from amqp_events.celery import EventsApp
+from amqp_events.errors import InvalidName, ManagementError, PublishError, TopologyMismatch, TopologyMissing
+from amqp_events.management import ManagementAPI
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -9,6 +9,7 @@ import click
 
 from amqp_events.cli.context import current_context
 from amqp_events.cli.outbox import database_errors
+from amqp_events.inbox.prune import prunable_stores
 
 DATABASE = click.option(
     "--db",
@@ -29,14 +30,10 @@ def inboxes(url: str | None, table: str) -> list[Any]:
         return [InboxTable(create_engine(url), table)]
     app = current_context().app
     app.loader.import_default_modules()
-    found = {id(store): store for task in app.tasks.values() for store in _stores(task)}
+    found = prunable_stores(app.handlers.values())
     if not found:
         raise click.ClickException(f"no handler of service {app.service!r} has an SQL inbox; name one with --db")
-    return list(found.values())
-
-
-def _stores(task: Any) -> list[Any]:
-    return [store for store in (getattr(task, "inbox", None), getattr(task, "dedup", None)) if hasattr(store, "prune")]
+    return found
 
 
 @click.group()

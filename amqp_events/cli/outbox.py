@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from amqp_events.cli.context import current_context, first_line, one_line_errors
+from amqp_events.errors import RelayConflict
 
 if TYPE_CHECKING:  # the outbox needs the [sqlalchemy] extra: imported when a command runs
     from amqp_events.outbox.relay import Relay
@@ -46,7 +47,6 @@ def database_errors(command: F) -> F:
             raise click.ClickException(
                 "the outbox needs SQLAlchemy: pip install 'celery-amqp-events[sqlalchemy]'"
             ) from None
-        from amqp_events.outbox.relay import RelayConflict
 
         try:
             return command(*args, **kwargs)

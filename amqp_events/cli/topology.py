@@ -7,9 +7,9 @@ from typing import Any
 
 import click
 
-from amqp_events.check import LiveTopology, differences, expected_bindings
 from amqp_events.cli.context import Context, one_line_errors, pass_context
 from amqp_events.topology import Topology
+from amqp_events.topology.check import LiveTopology, differences, expected_bindings
 
 
 @click.group()

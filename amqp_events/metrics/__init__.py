@@ -1,7 +1,8 @@
 """Prometheus metrics recorded by producers and workers (needs the ``[metrics]`` extra).
 
 Without ``prometheus_client`` every ``record_*`` function does nothing. With
-it, the instruments are created on first use, in whatever registry mode the
+it, the instruments are created on first use (handlers' by the metrics
+middleware, :mod:`amqp_events.middleware.metrics`), in whatever registry mode the
 process is in: in a prefork worker with ``PROMETHEUS_MULTIPROC_DIR`` set (the
 worker sets it when ``amqp_events_metrics_port`` is configured), each child
 writes its own files and the worker's main process serves the sum.
@@ -15,7 +16,6 @@ a task id or an exception message.
 from __future__ import annotations
 
 import threading
-import time
 from functools import cache
 from importlib.util import find_spec
 from typing import Any
@@ -141,16 +141,6 @@ def _fired(service: str, event: str, result: str) -> Any:
     return instruments()["fired"].labels(service, event, result)
 
 
-def record_duplicate(service: str, handler: str) -> None:
-    if AVAILABLE:
-        instruments()["duplicates"].labels(service, handler).inc()
-
-
-def record_optional_failure(service: str, handler: str, section: str) -> None:
-    if AVAILABLE:
-        instruments()["optional_failures"].labels(service, handler, section).inc()
-
-
 def record_breaker(service: str, handler: str, state: int, tripped: bool) -> None:
     if AVAILABLE:
         metrics = instruments()
@@ -162,74 +152,6 @@ def record_breaker(service: str, handler: str, state: int, tripped: bool) -> Non
 def record_health(service: str, check: str, state: int) -> None:
     if AVAILABLE:
         instruments()["health"].labels(service, check).set(state)
-
-
-def record_archived(service: str, event: str, reason: str) -> None:
-    if AVAILABLE:
-        instruments()["archived"].labels(service, event, reason).inc()
-
-
-class HandlerMetrics:
-    """One handler's instruments, with their label values bound once (a lookup per message costs).
-
-    Create it in the process that records (a pool child): ``EventHandler`` does so on first use.
-    Nothing is recorded unless something serves the metrics: ``enabled`` is False then.
-    """
-
-    def __init__(self, service: str, handler: str, exception_limit: int, enabled: bool) -> None:
-        self.exception_labels = ExceptionLabels(exception_limit)
-        self.enabled = enabled and AVAILABLE
-        if not self.enabled:
-            return
-        metrics, labels = instruments(), (service, handler)
-        self.in_progress = metrics["in_progress"].labels(*labels)
-        self.queue_wait = metrics["queue_wait"].labels(*labels)
-        self.outcomes = {outcome: metrics["outcomes"].labels(*labels, outcome) for outcome in OUTCOMES}
-        self.duration = {outcome: metrics["duration"].labels(*labels, outcome) for outcome in OUTCOMES}
-        self.attempts = {outcome: metrics["attempts"].labels(*labels, outcome) for outcome in FINAL_OUTCOMES}
-        self._failures = metrics["failures"]
-        self._labels = labels
-
-    def failed(self, exception: BaseException, disposition: str) -> None:
-        self._failures.labels(*self._labels, self.exception_labels.label(exception), disposition).inc()
-
-
-OUTCOMES = ("success", "skipped", "retry_scheduled", "handed_back", "archived")
-FINAL_OUTCOMES = ("success", "archived")
-
-
-class HandlerRun:
-    """Metrics of one handler run: ``with HandlerRun(...) as run: ...; run.finish(outcome, ...)``."""
-
-    __slots__ = ("attempt", "metrics", "started", "wait")
-
-    def __init__(self, metrics: HandlerMetrics, attempt: int, wait: float | None) -> None:
-        self.metrics, self.attempt, self.wait = metrics, attempt, wait
-        self.started = 0.0
-
-    def __enter__(self) -> HandlerRun:
-        self.started = time.monotonic()
-        if self.metrics.enabled:
-            self.metrics.in_progress.inc()
-            if self.wait is not None:
-                self.metrics.queue_wait.observe(max(0.0, self.wait))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.metrics.enabled:
-            self.metrics.in_progress.dec()
-
-    def finish(self, outcome: str, exception: BaseException | None = None, disposition: str = "") -> None:
-        """``outcome``: success, retry_scheduled or archived; a failure's exception and disposition."""
-        metrics = self.metrics
-        if not metrics.enabled:
-            return
-        metrics.outcomes[outcome].inc()
-        metrics.duration[outcome].observe(time.monotonic() - self.started)
-        if exception is not None:
-            metrics.failed(exception, disposition)
-        if outcome in FINAL_OUTCOMES:
-            metrics.attempts[outcome].observe(self.attempt)
 
 
 class OutboxMetrics:

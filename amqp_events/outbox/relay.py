@@ -36,21 +36,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from amqp.exceptions import ChannelError, PreconditionFailed
-from kombu.exceptions import OperationalError
 
-from amqp_events import delays
-from amqp_events.clock import utcnow
-from amqp_events.errors import PublishError
-from amqp_events.message import OutgoingMessage
+from amqp_events.core.context import ServiceContext
+from amqp_events.core.transport import BatchPublisher
+from amqp_events.errors import RelayConflict
 from amqp_events.metrics import OutboxMetrics
 from amqp_events.outbox.store import OutboxRow, OutboxStore
+from amqp_events.topology import delays
+from amqp_events.wire.message import OutgoingMessage
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from amqp_events.app import EventsApp
     from amqp_events.outbox.writer import Target
-    from amqp_events.transport import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +61,6 @@ RECHECKS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 STATS_INTERVAL = 5.0
 
 
-class RelayConflict(RuntimeError):
-    """Another relay already relays this SQLite outbox (one at a time)."""
-
-
 class BrokerUnavailable(Exception):
     """The broker could not be reached, or the connection failed during a batch."""
 
@@ -76,7 +70,7 @@ class Relay:
 
     def __init__(
         self,
-        app: EventsApp,
+        context: ServiceContext,
         store: OutboxStore,
         *,
         batch_size: int | None = None,
@@ -84,8 +78,8 @@ class Relay:
         poll_interval: float | None = None,
         name: str | None = None,
     ) -> None:
-        settings = app.events_settings
-        self.app, self.store = app, store
+        settings = context.settings
+        self.context, self.store = context, store
         self.batch_size = batch_size or settings.outbox_batch
         self.lease = lease or settings.outbox_lease
         self.poll_interval = poll_interval or settings.outbox_poll_interval
@@ -95,10 +89,10 @@ class Relay:
         #: Set by :meth:`stop`.
         self.stopping = threading.Event()
         self._woken = threading.Event()
-        self._publisher: Batch | None = None
+        self._publisher: BatchPublisher | None = None
         self._listener: PostgresListener | None = None
         self._lock: SqliteLock | None = None
-        self._broker_errors = (PublishError, OperationalError, *app.connection_for_write().connection_errors)
+        self._broker_errors = context.transport.errors
 
     # -- running ------------------------------------------------------------------------------------
 
@@ -181,7 +175,7 @@ class Relay:
         if remaining <= 0:
             return message
         destination = delays.event_destination(row.routing_key)
-        return message.after(delays.whole_seconds(remaining), destination, utcnow())
+        return message.after(delays.whole_seconds(remaining), destination, self.context.now())
 
     def _publish_pipelined(self, messages: dict[int, OutgoingMessage]) -> tuple[list[int], list[int], set[int]]:
         """Publish with confirms in flight together; ``(confirmed, refused, returned)`` row ids."""
@@ -219,10 +213,10 @@ class Relay:
             returned |= unrouted
         return confirmed, refused, returned
 
-    def _batch_publisher(self) -> Batch:
+    def _batch_publisher(self) -> BatchPublisher:
         if self._publisher is None:
             try:
-                self._publisher = self.app.transport.batch(self.batch_size)
+                self._publisher = self.context.transport.batch(self.batch_size)
             except self._broker_errors as exc:
                 raise BrokerUnavailable(str(exc)) from exc
         return self._publisher
@@ -340,29 +334,30 @@ class RelayThread:
     """The in-process relay of an app (``amqp_events_outbox_relay``): a daemon thread, started on first use.
 
     It reads the database the first outbox write used (or
-    ``amqp_events_outbox_url``) and is woken after each commit. In a forked
-    child (a prefork pool, a web server's workers) it starts again on first
-    use. On a SQLite outbox held by another relay it waits as a standby.
+    ``amqp_events_outbox_url``: ``store(None)``) and is woken after each
+    commit. In a forked child (a prefork pool, a web server's workers) it
+    starts again on first use. On a SQLite outbox held by another relay it
+    waits as a standby.
     """
 
     STANDBY = 10.0
 
-    def __init__(self, app: EventsApp) -> None:
-        self.app = app
+    def __init__(self, service: str, store: Callable[[Engine | None], OutboxStore], url_given: bool) -> None:
+        self.service, self.store, self.url_given = service, store, url_given
         self.relay: Relay | None = None
         self._pid = 0
         self._guard = threading.Lock()
 
-    def use(self, target: Target) -> None:
+    def use(self, target: Target, context: ServiceContext) -> None:
         """Make sure the relay runs in this process (on ``target``'s database when no URL is set)."""
         if self._pid == os.getpid():
             return
         with self._guard:
             if self._pid == os.getpid():
                 return
-            store = self.app.outbox_store(engine=None if self.app.events_settings.outbox_url else target.engine())
-            self.relay = Relay(self.app, store)
-            threading.Thread(target=self._run, name=f"amqp-events-outbox-relay-{self.app.service}", daemon=True).start()
+            store = self.store(None if self.url_given else target.engine())
+            self.relay = Relay(context, store)
+            threading.Thread(target=self._run, name=f"amqp-events-outbox-relay-{self.service}", daemon=True).start()
             self._pid = os.getpid()
 
     def wake(self) -> None:

@@ -16,8 +16,8 @@ from kombu.utils.json import dumps as json_dumps
 from kombu.utils.json import loads as json_loads
 from sqlalchemy import Connection, Engine, case, delete, func, insert, or_, select, update
 
-from amqp_events.message import OutgoingMessage
 from amqp_events.outbox.schema import OutboxTables
+from amqp_events.wire.message import OutgoingMessage
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from amqp_events.message import OutgoingMessage
+from amqp_events.core.context import Firing
+from amqp_events.core.firing import fired
 from amqp_events.outbox.schema import OutboxTables
 from amqp_events.outbox.store import insert_rows, row_values
-from amqp_events.transport import replacement
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from amqp_events.app import EventsApp
+    from amqp_events.outbox.relay import RelayThread
 
 
 class Target(Protocol):
@@ -44,26 +44,29 @@ class Target(Protocol):
 
 
 class OutboxWriter:
-    """Where an app's events go while ``with app.outbox(target):`` is open."""
+    """Where a service's events go while ``with app.outbox(target):`` is open (a sink of
+    :mod:`amqp_events.core.firing`); ``relay``, if any, is woken after the transaction commits."""
 
-    def __init__(self, app: EventsApp, target: Target) -> None:
-        self.app, self.target = app, target
+    def __init__(self, service: str, target: Target, relay: RelayThread | None) -> None:
+        self.service, self.target, self.relay = service, target, relay
         #: Rows waiting for the end of ``with app.batch():``.
         self._buffer: list[dict[str, Any]] | None = None
         self._wake_pending = False
         #: Ids of the events written in the current batch, in order.
         self.ids: list[str] = []
 
-    def write(self, message: OutgoingMessage, delay: int) -> None:
-        """Store ``message`` (published after ``delay`` seconds) in the application's transaction."""
+    def take(self, firing: Firing) -> None:
+        """Store the fired message (published after its delay) in the application's transaction."""
+        message, delay = firing.message, firing.delay
         now = time.time()
-        row = row_values(message, self.app.service, now, now + delay if delay else None)
+        row = row_values(message, self.service, now, now + delay if delay else None)
         if self._buffer is not None:
             self._buffer.append(row)
             self.ids.append(message.message_id)
         else:
             self.target.insert([row])
-        self._wake_relay_after_commit()
+        fired(firing, "outbox")
+        self._wake_relay_after_commit(firing)
 
     @contextmanager
     def batch(self) -> Iterator[OutboxWriter]:
@@ -76,11 +79,11 @@ class OutboxWriter:
         finally:
             self._buffer = None
 
-    def _wake_relay_after_commit(self) -> None:
-        relay = self.app.outbox_relay
-        if relay is None or self._wake_pending or replacement() is not None:
-            return  # (the in-process mode of amqp_events.testing relays when the test asks it to)
-        relay.use(self.target)
+    def _wake_relay_after_commit(self, firing: Firing) -> None:
+        relay = self.relay
+        if relay is None or self._wake_pending:
+            return
+        relay.use(self.target, firing.context)
         self._wake_pending = True
 
         def wake() -> None:

@@ -37,13 +37,14 @@ from typing import Any
 
 import pytest
 
+from amqp_events.errors import LocalServerError, WorkerStartError
+from amqp_events.local.broker import LocalBroker
+from amqp_events.local.cluster import LocalCluster
 from amqp_events.management import ManagementAPI
-from amqp_events.testing.broker import LocalBroker
-from amqp_events.testing.cluster import LocalCluster
 from amqp_events.testing.in_process import InProcess, in_process
-from amqp_events.testing.postgres import LocalPostgres, LocalPostgresError
-from amqp_events.testing.redis import LocalRedis, LocalRedisError
-from amqp_events.testing.workers import WorkerProcess, WorkerStartError, worker_argv
+from amqp_events.testing.postgres import LocalPostgres
+from amqp_events.testing.redis import LocalRedis
+from amqp_events.testing.workers import WorkerProcess, worker_argv
 
 
 @dataclass
@@ -145,7 +146,7 @@ def postgres() -> Iterator[LocalPostgres]:
     """A private PostgreSQL cluster for the session (``initdb``/``pg_ctl``; stopped and removed afterwards)."""
     try:
         cluster = LocalPostgres()
-    except LocalPostgresError as exc:
+    except LocalServerError as exc:
         pytest.skip(str(exc))
     cluster.start()
     try:
@@ -165,7 +166,7 @@ def redis_server() -> Iterator[LocalRedis]:
     """A private Redis server for the session (Debian's ``redis-server``; stopped afterwards)."""
     try:
         server = LocalRedis()
-    except LocalRedisError as exc:
+    except LocalServerError as exc:
         pytest.skip(str(exc))
     server.start()
     try:

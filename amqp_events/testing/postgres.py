@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from amqp_events.testing.broker import free_port
+from amqp_events.errors import LocalServerError
+from amqp_events.local.broker import free_port
 
 INSTALL_HINT = (
     "PostgreSQL is not installed: install Debian's package with "
@@ -27,15 +28,11 @@ INSTALL_HINT = (
 )
 
 
-class LocalPostgresError(RuntimeError):
-    """The private cluster could not be made, started or stopped."""
-
-
 def postgres_bin() -> Path:
     """The newest installed ``/usr/lib/postgresql/<version>/bin``."""
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda path: float(path.split("/")[4]))
     if not found:
-        raise LocalPostgresError(INSTALL_HINT)
+        raise LocalServerError(INSTALL_HINT)
     return Path(found[-1]).parent
 
 
@@ -87,7 +84,7 @@ class LocalPostgres:
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the cluster (SIGKILL after ``timeout``) and remove its directory."""
         if self.pid:
-            with contextlib.suppress(LocalPostgresError, subprocess.TimeoutExpired):
+            with contextlib.suppress(LocalServerError, subprocess.TimeoutExpired):
                 self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", str(int(timeout)), "stop")
             deadline = time.monotonic() + 10
             while _alive(self.pid) and time.monotonic() < deadline:
@@ -116,7 +113,7 @@ class LocalPostgres:
             argv = ["runuser", "-u", "postgres", "--", *argv]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=self.directory)
         if done.returncode != 0:
-            raise LocalPostgresError(
+            raise LocalServerError(
                 f"{program} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}\n{self.log_tail()}"
             )
 

@@ -13,13 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from amqp_events.testing.broker import free_port
+from amqp_events.errors import LocalServerError
+from amqp_events.local.broker import free_port
 
 INSTALL_HINT = "Redis is not installed: install Debian's package with `sudo apt-get install -y redis-server`"
-
-
-class LocalRedisError(RuntimeError):
-    """The private Redis server could not be started."""
 
 
 class LocalRedis:
@@ -28,7 +25,7 @@ class LocalRedis:
     def __init__(self) -> None:
         self.program = shutil.which("redis-server")
         if self.program is None:
-            raise LocalRedisError(INSTALL_HINT)
+            raise LocalServerError(INSTALL_HINT)
         self.directory = Path(tempfile.mkdtemp(prefix="amqp-events-redis-"))
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -45,7 +42,7 @@ class LocalRedis:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise LocalRedisError(f"redis-server exited: {(self.directory / 'log').read_text(errors='replace')}")
+                raise LocalServerError(f"redis-server exited: {(self.directory / 'log').read_text(errors='replace')}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as connection:
                     connection.sendall(b"PING\r\n")
@@ -54,7 +51,7 @@ class LocalRedis:
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise LocalRedisError(f"redis-server did not answer within {timeout:g}s")
+        raise LocalServerError(f"redis-server did not answer within {timeout:g}s")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

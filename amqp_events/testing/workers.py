@@ -11,12 +11,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from amqp_events.errors import WorkerStartError
+
 #: Flags every worker of this library should run with (README, "Running workers").
 WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
-
-
-class WorkerStartError(RuntimeError):
-    """A worker exited or did not become ready in time."""
 
 
 def worker_argv(app: str, *extra: str, pool: str = "solo", concurrency: int = 1, name: str = "worker") -> list[str]:

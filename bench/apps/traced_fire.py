@@ -6,7 +6,7 @@ import time
 import tracing_mode  # before the library
 from ours import app
 
-from amqp_events import tracing
+from amqp_events.middleware import tracing
 
 
 @app.event("bench.noop")

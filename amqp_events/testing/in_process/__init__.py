@@ -10,14 +10,15 @@
             [run] = events.handled("shipping")
             assert run.kwargs == {"invoice_id": 42, "amount": "10.00"}
 
-While it is on, every events app of the process sends to it instead of
-RabbitMQ; the apps given to :func:`in_process` are the services whose
-handlers run. What a handler's message goes through is the real thing:
-JSON encoding and decoding by kombu, the consumer's checks, Celery's
-request and trace, the library's outcome rules (retries, their backoff and
-counts, the archive and its record). What is simulated is only the broker
-(:mod:`~amqp_events.testing.in_process.memory`, built from the same
-topology a worker declares) and time: delays and retries wait on
+While it is on, the apps given to :func:`in_process` send to it instead of
+RabbitMQ (each app's own transport and clock, as dramatiq's ``StubBroker``
+is a broker of its own: another app of the process still talks to its
+broker), and their handlers run. What a handler's message goes through is
+the real thing: JSON encoding and decoding by kombu, the consumer's checks,
+Celery's request and trace, the library's handling pipeline and outcome rules
+(retries, their backoff and counts, the archive and its record). What is
+simulated is only the broker (:mod:`amqp_events.celery.memory`, built from
+the same topology a worker declares) and time: delays and retries wait on
 :attr:`InProcess.clock`, which the test moves on.
 
 Not modelled (test these with real workers, :mod:`amqp_events.testing.fixtures`):
@@ -31,99 +32,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Literal
 
-from kombu.serialization import dumps, loads
+from kombu.serialization import loads
 
-from amqp_events import clock, cloud_events, delays
-from amqp_events.app import EventsApp
 from amqp_events.archive import Archive, ArchivedMessage
-from amqp_events.errors import PublishError
-from amqp_events.message import JSON, OutgoingMessage, event_id, event_name
-from amqp_events.outcome import Archive as Archived
-from amqp_events.outcome import Delivery, Handling, Outcome, Redeliver
-from amqp_events.publisher import exchange_to_declare
-from amqp_events.signals import outcome_settled
-from amqp_events.testing.in_process.memory import Envelope, MemoryBroker, QueueFull
-from amqp_events.testing.in_process.worker import InProcessWorker, NotModelled
-from amqp_events.topology import Topology
-from amqp_events.transport import replace_every_broker
+from amqp_events.celery import EventsApp
+from amqp_events.celery.inline import InlineWorker
+from amqp_events.celery.memory import Envelope, MemoryBroker
+from amqp_events.core.context import Attempt, Middleware
+from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
+from amqp_events.errors import NotModelled, Refused, UnhandledEvent
+from amqp_events.middleware.metrics import HandlerMetrics
+from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock, Waiting
+from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
+from amqp_events.topology import delays
+from amqp_events.wire import cloud_events
+from amqp_events.wire.message import JSON, OutgoingMessage, event_id, event_name
 
 __all__ = ["FiredEvent", "InProcess", "NotModelled", "Run", "UnhandledEvent", "VirtualClock", "Waiting", "in_process"]
 
 #: Messages handled at one point of virtual time before the mode concludes handlers fire what they handle.
 MAX_RUNS_AT_ONCE = 100_000
-
-
-class UnhandledEvent(AssertionError):
-    """An event was fired that no service in the test handles (``in_process(..., unhandled="ignore")`` allows it)."""
-
-
-@dataclass(frozen=True)
-class FiredEvent:
-    """An event fired while the in-process mode was on: its payload as handlers receive it."""
-
-    name: str
-    id: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    fired_by: str | None
-    at: datetime
-    #: Seconds it waits before reaching its subscribers (``countdown``/``eta``).
-    delay: int = 0
-
-
-@dataclass(frozen=True)
-class Run:
-    """A message's outcome in one service: one handler run (or a message the worker could not run)."""
-
-    service: str
-    #: The handler, as ``module.qualname``; "" for a message no handler could take (e.g. an unknown event).
-    handler: str
-    event: str
-    event_id: str
-    #: 1 for the first run, 2 for the first retry, ...
-    attempt: int
-    #: ``success``, ``skipped`` (a duplicate, by the inbox), ``retry_scheduled`` or ``archived``.
-    outcome: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    at: datetime
-    #: Seconds until the retry (``retry_scheduled``).
-    delay: int | None = None
-    #: Why it was archived (``archived``).
-    reason: str | None = None
-    error: BaseException | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A message not handled yet: in a service's queue, or waiting out a delay."""
-
-    event: str
-    event_id: str
-    #: Where it goes: a service's queue, or ``event.<name>`` for a delayed fire (every subscriber).
-    destination: str
-    due_at: datetime | None
-
-
-class VirtualClock:
-    """The time of the in-process mode. It starts at the real time and moves only when told to."""
-
-    def __init__(self, start: datetime, mode: InProcess) -> None:
-        self._now, self._mode = start, mode
-
-    def now(self) -> datetime:
-        return self._now
-
-    def advance(self, seconds: float) -> None:
-        """Let ``seconds`` pass: what waited that long arrives, in due order, and is handled at its time."""
-        self._mode.run_until(self._now + timedelta(seconds=seconds))
-
-    def move_to(self, moment: datetime) -> None:
-        self._now = max(self._now, moment)
+#: The mode that is on: one at a time, since handlers run in the thread that fires.
+_on: InProcess | None = None
 
 
 class InProcess:
@@ -142,7 +75,7 @@ class InProcess:
         self.clock = VirtualClock(start or datetime.now(timezone.utc), self)
         self.broker = MemoryBroker(self.clock.now)
         #: Each consumed queue's worker.
-        self.workers: dict[str, InProcessWorker] = {}
+        self.workers: dict[str, InlineWorker] = {}
         for app in apps:
             self._add(app)
         #: The events some service of the test handles.
@@ -163,7 +96,7 @@ class InProcess:
         self.apps[app.service] = app
         topology = app.topology
         self.broker.declare(topology)
-        worker = InProcessWorker(app, self.broker)
+        worker = InlineWorker(app)
         for queue in topology.event_queues:
             self.workers[queue.name] = worker
 
@@ -173,17 +106,26 @@ class InProcess:
     # -- on and off ---------------------------------------------------------------------------------
 
     def start(self) -> InProcess:
-        self._on.enter_context(replace_every_broker(self.transport))
-        self._on.enter_context(clock.use(self.clock.now))
-        outcome_settled.connect(self._settled, weak=False)
-        self._on.callback(outcome_settled.disconnect, self._settled)
-        for worker in set(self.workers.values()):
-            worker.record_metrics(True)
-            self._on.callback(worker.record_metrics, False)
+        global _on
+        if _on is not None:
+            raise RuntimeError("the in-process mode is on already: one at a time")
+        recorder = Recorder(self)
+        try:
+            for app in self.apps.values():
+                # Metrics as a worker that serves them records them.
+                metrics = HandlerMetrics(app.events_settings.metrics_exception_labels)
+                self._on.enter_context(app.using(self.transport, self.clock, metrics, recorder))
+        except BaseException:
+            self._on.close()
+            raise
+        _on = self
         return self
 
     def stop(self) -> None:
+        global _on
         self._on.close()
+        if _on is self:
+            _on = None
 
     def __enter__(self) -> InProcess:
         return self.start()
@@ -242,11 +184,25 @@ class InProcess:
             if taken is None:
                 return
             queue, envelope = taken
-            self.workers[queue].consume(queue, envelope)
+            self._consume(queue, envelope)
         raise RuntimeError(
             f"{MAX_RUNS_AT_ONCE} messages handled at {self.clock.now()} without time passing: "
             "do handlers fire the events they handle?"
         )
+
+    def _consume(self, queue: str, envelope: Envelope) -> None:
+        """Run ``envelope``, taken off ``queue``, as the service's worker would; it ends acked or rejected."""
+        channel = MemoryChannel(self.broker, queue, envelope)
+        info = {
+            "exchange": envelope.exchange,
+            "routing_key": envelope.routing_key,
+            "redelivered": envelope.redelivered,
+            "delivery_tag": envelope.seq,
+        }
+        self.workers[queue].run(envelope.body, envelope.headers, envelope.properties, info, channel)
+        if not channel.settled:
+            service = self.workers[queue].app.service
+            raise RuntimeError(f"the worker of {service!r} neither acked nor rejected {envelope.headers}")
 
     # -- what happened ------------------------------------------------------------------------------
 
@@ -268,7 +224,7 @@ class InProcess:
         """``service``'s :class:`~amqp_events.archive.Archive` (list, replay, purge, export...)."""
         if service not in self.apps:
             raise KeyError(f"service {service!r} is not in this test (services: {', '.join(self.apps) or 'none'})")
-        return Archive(self.apps[service])
+        return Archive(self.apps[service].context)
 
     def waiting(self) -> list[Waiting]:
         """Messages not handled yet, oldest first: in services' queues, or waiting out a delay."""
@@ -316,7 +272,7 @@ class InProcess:
         """
         from amqp_events.outbox.relay import Relay
 
-        relay = Relay(app, app.outbox_store(engine=engine))
+        relay = Relay(app.context, app.outbox_store(engine=engine))
         while relay.run_once():
             pass
         return relay.published
@@ -337,7 +293,7 @@ class InProcess:
         if cloud_events.is_cloud_event(envelope.headers, envelope.content_type):
             try:
                 event = cloud_events.read(envelope.headers, envelope.body, envelope.content_type)
-            except cloud_events.Unreadable:
+            except Refused:
                 return  # a foreign producer's malformed message: its worker archives it
             args, kwargs, fired_by = [], event.kwargs, event.attributes.get("source")
         else:
@@ -359,107 +315,33 @@ class InProcess:
             "it, or pass unhandled='ignore'"
         )
 
-    def _settled(self, sender: Any, delivery: Delivery, outcome: Outcome, handling: Handling, **_: Any) -> None:
-        self.runs.append(
+
+class Recorder(Middleware):
+    """Records every outcome in the mode's :attr:`InProcess.runs`."""
+
+    def __init__(self, mode: InProcess) -> None:
+        self.mode = mode
+
+    def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
+        if outcome is None:
+            return
+        delivery = attempt.delivery
+        self.mode.runs.append(
             Run(
-                service=handling.service,
-                handler=handling.handler,
+                service=attempt.context.name,
+                handler=attempt.handler.name if attempt.handler is not None else "",
                 event=delivery.event,
                 event_id=delivery.event_id,
                 attempt=delivery.retries + 1,
-                outcome=outcome.kind,
+                outcome=outcome.name,
                 args=tuple(delivery.args),
                 kwargs=dict(delivery.kwargs),
-                at=self.clock.now(),
+                at=self.mode.clock.now(),
                 delay=outcome.delay if isinstance(outcome, Redeliver) else None,
-                reason=str(outcome.reason) if isinstance(outcome, Archived) else None,
+                reason=str(outcome.reason) if isinstance(outcome, SendToArchive) else None,
                 error=getattr(outcome, "error", None),
             )
         )
-
-
-class InProcessTransport:
-    """Every app's transport while the in-process mode is on: the broker in memory."""
-
-    def __init__(self, mode: InProcess) -> None:
-        self.mode, self.broker = mode, mode.broker
-
-    def publish(self, message: OutgoingMessage) -> bool:
-        routed = self.route(message)
-        self.mode.run_due()
-        return routed
-
-    def route(self, message: OutgoingMessage) -> bool:
-        """Put ``message`` where the broker would, without handling anything yet."""
-        envelope = envelope_of(message)
-        exchange = exchange_to_declare(message)
-        if exchange is not None:
-            self.broker.declare_exchange(exchange)
-        try:
-            routed = self.broker.publish(envelope)
-        except QueueFull as exc:
-            raise PublishError(f"the broker refused {message.event!r} (nack): {exc}") from exc
-        self.mode.published(message, envelope, routed)
-        return routed
-
-    def batch(self, window: int) -> InProcessBatch:
-        return InProcessBatch(self)
-
-    def declare(self, topology: Topology) -> None:
-        self.broker.declare(topology)
-
-    def browse(self, queue: str) -> Any:
-        return self.broker.browse(queue)
-
-    def count(self, queue: str) -> int:
-        return self.broker.count(queue)
-
-    def close(self) -> None:
-        pass
-
-
-class InProcessBatch:
-    """A batch: messages are routed as they are published; handlers run when the batch waits (its end)."""
-
-    def __init__(self, transport: InProcessTransport) -> None:
-        self.transport = transport
-        self.confirmed: list[Any] = []
-        self.returned: set[str] = set()
-
-    def publish(self, message: OutgoingMessage, key: Any = None) -> None:
-        if not self.transport.route(message):
-            self.returned.add(message.message_id)
-        self.confirmed.append(message.message_id if key is None else key)
-
-    def wait(self) -> None:
-        self.transport.mode.run_due()
-
-    def results(self) -> tuple[list[Any], list[Any], set[str]]:
-        results: tuple[list[Any], list[Any], set[str]] = (self.confirmed, [], self.returned)
-        self.confirmed, self.returned = [], set()
-        return results
-
-    def close(self) -> None:
-        pass
-
-
-def envelope_of(message: OutgoingMessage) -> Envelope:
-    """``message`` as it reaches the broker: its body serialised by kombu exactly as a producer does."""
-    if message.content_type is None:
-        content_type, content_encoding, body = dumps(message.body, serializer="json")
-    else:
-        content_type, content_encoding, body = message.content_type, message.content_encoding, message.body
-    if isinstance(body, str):
-        body = body.encode(content_encoding or "utf-8")
-    properties = {
-        "message_id": message.message_id,
-        "delivery_mode": 2,
-        "content_type": content_type,
-        "content_encoding": content_encoding,
-    }
-    return Envelope(
-        dict(message.headers), body, content_type, content_encoding, properties, message.exchange, message.routing_key
-    )
 
 
 def in_process(

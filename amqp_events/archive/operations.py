@@ -1,0 +1,223 @@
+"""Reading, replaying and purging a service's archive.
+
+The archive is a bounded quorum queue (``<service>.archive``) holding the
+messages that ran out of retries or can never succeed, each with the
+``archive_*`` headers of :mod:`amqp_events.wire.archived`. This module browses it
+without consuming it: messages are fetched unacknowledged and handed back
+to the queue when the channel closes, except those an operation is meant to
+remove, which are acked one by one, and for a replay only after the broker
+confirmed the replayed copy. An interrupted replay therefore loses nothing
+(at worst a message is replayed twice).
+"""
+
+from __future__ import annotations
+
+import builtins
+import getpass
+import json
+import socket
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import IO
+
+from amqp_events.core.context import Replay, ServiceContext
+from amqp_events.core.settle import publish_routed
+from amqp_events.topology import archive_queue_name
+from amqp_events.wire.archived import ArchivedMessage
+from amqp_events.wire.message import OutgoingMessage, copy_headers
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which archived messages an operation touches (every given criterion must match)."""
+
+    ids: frozenset[str] = frozenset()
+    event: str | None = None
+    reason: str | None = None
+    limit: int | None = None
+
+    @classmethod
+    def of(
+        cls,
+        ids: Iterable[str] = (),
+        event: str | None = None,
+        reason: str | None = None,
+        limit: int | None = None,
+    ) -> Selection:
+        return cls(frozenset(ids), event, reason, limit)
+
+    @classmethod
+    def exactly(cls, entries: Iterable[ArchivedMessage]) -> Selection:
+        """These messages and no other: what an operator was shown and confirmed."""
+        ids = [entry.id for entry in entries]
+        return cls(frozenset(ids), limit=len(ids))
+
+    def matches(self, archived: ArchivedMessage) -> bool:
+        return (
+            (not self.ids or archived.id in self.ids)
+            and (self.event is None or archived.event == self.event)
+            and (self.reason is None or archived.reason == self.reason)
+        )
+
+
+EVERYTHING = Selection()
+
+
+@dataclass
+class ReplayReport:
+    #: Ids sent back to their queue (and removed from the archive).
+    replayed: list[str] = field(default_factory=list)
+    #: Ids whose original queue no longer exists: left in the archive.
+    unroutable: list[str] = field(default_factory=list)
+
+
+class Archive:
+    """The archive of ``context``'s service (or of ``service``, for operators looking at another one).
+
+    Get one with :meth:`amqp_events.celery.EventsApp.archive`.
+    """
+
+    def __init__(self, context: ServiceContext, service: str | None = None) -> None:
+        self.context = context
+        self.service = service or context.name
+        self.queue = archive_queue_name(self.service)
+
+    def count(self) -> int:
+        """Messages in the archive right now (without touching them)."""
+        return self.context.transport.count(self.queue)
+
+    def list(self, selection: Selection = EVERYTHING) -> list[ArchivedMessage]:
+        """The archived messages that match, oldest first. Nothing is consumed."""
+        with self._browse() as messages:
+            return [archived for archived, _ in _take(messages, selection)]
+
+    def get(self, message_id: str) -> ArchivedMessage | None:
+        found = self.list(Selection.of(ids=[message_id], limit=1))
+        return found[0] if found else None
+
+    def replay(
+        self,
+        selection: Selection = EVERYTHING,
+        on_replayed: Callable[[ArchivedMessage], None] | None = None,
+        new_ids: bool = False,
+        replayed_by: str = "",
+    ) -> ReplayReport:
+        """Send matching messages back to the queue they came from, with their retry count reset.
+
+        Each archived copy is removed only after the broker confirmed its
+        replacement; ``on_replayed`` is called in between, once per message
+        (a progress hook: if the process dies there, the message is in both
+        places, a duplicate rather than a loss). With ``new_ids`` each copy
+        gets a new event id (``replay_of`` keeps the old one), so that a
+        handler with an inbox runs it even if it handled the event before.
+        ``replayed_by`` (who, e.g. ``user@host``) is logged and, with tracing
+        on, recorded on each replay's span.
+        """
+        report = ReplayReport()
+        by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
+        with self._browse() as messages:
+            for archived, remove in _take(messages, selection):
+                if self._send_back(archived, new_ids, by):
+                    if on_replayed:
+                        on_replayed(archived)
+                    remove()
+                    report.replayed.append(archived.id)
+                else:
+                    report.unroutable.append(archived.id)
+        return report
+
+    def _send_back(self, archived: ArchivedMessage, new_id: bool, by: str) -> bool:
+        """Publish ``archived``'s replay, through the ``before_replay``/``after_replay`` hooks; False when its
+        queue no longer exists."""
+        replay = Replay(self.context, replay_message(archived, new_id=new_id), archived.headers, by)
+        middleware = self.context.middleware
+        for before in middleware.before_replay:
+            before(replay)
+        try:
+            routed = self.context.transport.publish(replay.message)
+        except BaseException as error:
+            for after in middleware.after_replay:
+                after(replay, error)
+            raise
+        if routed:
+            for after in middleware.after_replay:
+                after(replay, None)
+        return routed
+
+    def purge(self, selection: Selection = EVERYTHING) -> builtins.list[str]:
+        """Delete matching messages for good; returns their ids."""
+        purged = []
+        with self._browse() as messages:
+            for archived, remove in _take(messages, selection):
+                remove()
+                purged.append(archived.id)
+        return purged
+
+    def export(self, out: IO[str], selection: Selection = EVERYTHING) -> int:
+        """Write matching messages as JSON lines (nothing is removed); returns how many."""
+        archived = self.list(selection)
+        for entry in archived:
+            out.write(json.dumps(entry.to_json()) + "\n")
+        return len(archived)
+
+    def load(self, lines: Iterable[str]) -> int:
+        """Put exported messages (JSON lines) back into this archive; returns how many."""
+        loaded = 0
+        for line in lines:
+            if line.strip():
+                archived = ArchivedMessage.from_json(json.loads(line))
+                publish_routed(
+                    self.context,
+                    OutgoingMessage(
+                        exchange="",
+                        routing_key=self.queue,
+                        headers=archived.headers,
+                        body=archived.body,
+                        message_id=archived.id,
+                        content_type=archived.content_type or "application/octet-stream",
+                        content_encoding=archived.content_encoding or "binary",
+                    ),
+                )
+                loaded += 1
+        return loaded
+
+    @contextmanager
+    def _browse(self) -> Iterator[Iterator[tuple[ArchivedMessage, Callable[[], None]]]]:
+        with self.context.transport.browse(self.queue) as stored:
+            yield (
+                (ArchivedMessage.from_parts(m.headers, m.body, m.content_type, m.content_encoding), remove)
+                for m, remove in stored
+            )
+
+
+def replay_message(archived: ArchivedMessage, new_id: bool = False) -> OutgoingMessage:
+    """What a replay publishes: the original body and envelope, retry count reset, straight to its queue.
+
+    ``new_id``: under a new event id, the old one in the ``replay_of`` header.
+    """
+    headers = copy_headers(archived.headers, retries=0)
+    if new_id:
+        headers.update(id=str(uuid.uuid4()), replay_of=archived.id)
+    return OutgoingMessage(
+        exchange="",
+        routing_key=archived.queue,
+        headers=headers,
+        body=archived.body,
+        message_id=headers["id"],
+        content_type=archived.content_type or "application/octet-stream",
+        content_encoding=archived.content_encoding or "binary",
+    )
+
+
+def _take(
+    messages: Iterator[tuple[ArchivedMessage, Callable[[], None]]], selection: Selection
+) -> Iterator[tuple[ArchivedMessage, Callable[[], None]]]:
+    # Every message is fetched, also past the limit: the broker puts unacked messages back behind the
+    # others, so stopping early would move the ones fetched so far to the end of the archive.
+    taken = 0
+    for archived, ack in messages:
+        if (selection.limit is None or taken < selection.limit) and selection.matches(archived):
+            taken += 1
+            yield archived, ack

@@ -1,0 +1,200 @@
+"""An AsyncAPI 3.0 document of one service: the events it fires and handles, where they travel, their payloads.
+
+* **channels**: each event the service fires or handles, as a routing key
+  on the events exchange; each queue of the service (``<service>:<event>``).
+* **operations**: ``send`` for each event fired (``@app.event``), in the
+  service's wire format; ``receive`` for each event handled, from its queue.
+* **messages**: each event in both wire formats a worker reads: the Celery
+  task message (body ``[args, kwargs, embed]``) and the CloudEvent in binary
+  mode (``ce-`` headers, the keyword arguments as data). Their payload schema
+  (``components.schemas``) comes from the event's signature, dataclass or
+  pydantic model (:mod:`amqp_events.schemas`).
+
+Built from the service alone (no broker); ``amqp-events -A APP asyncapi`` prints it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kombu import Connection
+
+from amqp_events.asyncapi.schemas import payload_schema
+from amqp_events.core.context import ServiceContext
+from amqp_events.core.events import Event
+from amqp_events.topology import delays
+from amqp_events.wire.message import DUE_AT, FIRED_AT, FIRED_BY
+
+VERSION = "3.0.0"
+#: The version of the AsyncAPI AMQP bindings used.
+AMQP_BINDINGS = "0.3.0"
+SERVER = "rabbitmq"
+#: The two wire formats, as message name suffixes.
+FORMATS = {"celery": "", "cloudevents": ".cloudevent"}
+
+
+def document(
+    context: ServiceContext, declared: Mapping[str, Any], broker_url: str, api_version: str = "1.0.0"
+) -> dict[str, Any]:
+    """The AsyncAPI document of ``context``'s service, which fires the ``declared`` events (``@app.event``,
+    by name) on the broker at ``broker_url``, as plain data (dump it as JSON or YAML)."""
+    settings, service = context.settings, context.name
+    connection = Connection(broker_url)
+    vhost = str(connection.virtual_host or "/")
+    fired = dict(declared)
+    handled = context.handlers
+    definitions: dict[str, Any] = {}
+    schemas: dict[str, Any] = {}
+    for name in sorted({*fired, *handled}):
+        if name in fired:
+            schemas[name] = payload_schema(_payload_target(fired[name]), definitions=definitions)
+        else:
+            handler = handled[name]
+            target = handler.event_class or handler.function
+            skip = 0 if handler.event_class else handler.leading_parameters  # self, the inbox's session
+            schemas[name] = payload_schema(target, skip=skip, definitions=definitions)
+
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    for name in schemas:
+        messages.update(_messages(name))
+        exchange = {"name": settings.exchange, "type": "topic", "durable": True, "autoDelete": False, "vhost": vhost}
+        channels[name] = {
+            "address": name,
+            "title": f"{name} on the {settings.exchange!r} exchange",
+            "description": "Events fired with a delay arrive through the delay ladder instead: bind a queue to "
+            f"the {delays.DELIVERY_EXCHANGE!r} exchange with {_delayed_pattern(name)!r} as well to receive them.",
+            "messages": _references(name),
+            "bindings": {"amqp": {"is": "routingKey", "exchange": exchange, "bindingVersion": AMQP_BINDINGS}},
+        }
+        if name in fired:
+            wire_format = _wire_format_of(fired[name]) or settings.wire_format
+            message = name + FORMATS[wire_format]
+            operations[f"fire.{name}"] = {
+                "action": "send",
+                "channel": {"$ref": f"#/channels/{name}"},
+                "summary": f"{service} fires {name} ({wire_format} wire format), with a publisher confirm.",
+                "messages": [{"$ref": f"#/channels/{name}/messages/{message}"}],
+                "bindings": {"amqp": {"deliveryMode": 2, "mandatory": True, "bindingVersion": AMQP_BINDINGS}},
+            }
+        if name in handled:
+            queue = handled[name].queue
+            channels[queue] = {
+                "address": queue,
+                "title": f"the queue of {name} in {service}",
+                "description": "A quorum queue bound to the exchange by the event's name. Retries come back to it "
+                "through the broker's delay queues; messages that run out of retries go to "
+                f"{service}.archive.",
+                "messages": _references(name),
+                "bindings": {
+                    "amqp": {
+                        "is": "queue",
+                        "queue": {
+                            "name": queue,
+                            "durable": True,
+                            "exclusive": False,
+                            "autoDelete": False,
+                            "vhost": vhost,
+                        },
+                        "bindingVersion": AMQP_BINDINGS,
+                    }
+                },
+            }
+            operations[f"handle.{name}"] = {
+                "action": "receive",
+                "channel": {"$ref": f"#/channels/{queue}"},
+                "summary": f"{service} handles {name} with {handled[name].name} (either wire format).",
+                "messages": [{"$ref": f"#/channels/{queue}/messages/{message}"} for message in _references(name)],
+                "bindings": {"amqp": {"ack": True, "bindingVersion": AMQP_BINDINGS}},
+            }
+    return {
+        "asyncapi": VERSION,
+        "info": {
+            "title": service,
+            "version": api_version,
+            "description": f"The events the service {service!r} fires and handles (celery-amqp-events).",
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            SERVER: {
+                "host": f"{connection.hostname or 'localhost'}:{connection.port or 5672}",
+                "protocol": "amqp",
+                "protocolVersion": "0.9.1",
+            }
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages, "schemas": {**definitions, **schemas}},
+    }
+
+
+def _delayed_pattern(name: str) -> str:
+    return delays.destination_pattern(delays.event_destination(name))
+
+
+def _references(name: str) -> dict[str, Any]:
+    """A channel's messages: the event in each wire format."""
+    return {name + suffix: {"$ref": f"#/components/messages/{name + suffix}"} for suffix in FORMATS.values()}
+
+
+def _payload_target(fireable: Any) -> Any:
+    """What describes a fired event's payload: the validating function, or the event class."""
+    return fireable.validate if isinstance(fireable, Event) else fireable
+
+
+def _wire_format_of(fireable: Any) -> str | None:
+    return getattr(fireable, "wire_format", None) or getattr(fireable, "event_wire_format", None)
+
+
+def _messages(name: str) -> dict[str, Any]:
+    payload = {"$ref": f"#/components/schemas/{name}"}
+    celery = {
+        "name": name,
+        "title": f"{name} (Celery task message)",
+        "contentType": "application/json",
+        "headers": {
+            "type": "object",
+            "properties": {
+                "task": {"const": name, "description": "the event's name"},
+                "id": {"type": "string", "description": "the event id"},
+                FIRED_AT: {"type": "string", "format": "date-time"},
+                FIRED_BY: {"type": "string", "description": "the service that fired it"},
+                "retries": {"type": "integer", "minimum": 0},
+                DUE_AT: {"type": "string", "format": "date-time", "description": "a delayed copy's due time"},
+            },
+            "required": ["task", "id"],
+        },
+        "payload": {
+            "type": "array",
+            "description": "Celery's task body: [args, kwargs, embed]; the keyword arguments carry the payload.",
+            "items": [
+                {"type": "array", "description": "positional arguments, in the signature's order"},
+                payload,
+                {"type": "object", "description": "Celery's callbacks, errbacks, chain and chord (unused)"},
+            ],
+            "minItems": 3,
+            "maxItems": 3,
+        },
+        "correlationId": {"location": "$message.header#/id"},
+    }
+    cloud_event = {
+        "name": name + FORMATS["cloudevents"],
+        "title": f"{name} (CloudEvent, binary content mode)",
+        "contentType": "application/json",
+        "headers": {
+            "type": "object",
+            "properties": {
+                "ce-specversion": {"const": "1.0"},
+                "ce-type": {"const": name},
+                "ce-id": {"type": "string", "maxLength": 64},
+                "ce-source": {"type": "string", "description": "the service that fired it"},
+                "ce-time": {"type": "string", "format": "date-time"},
+            },
+            "required": ["ce-specversion", "ce-type", "ce-id", "ce-source"],
+        },
+        "payload": payload,
+        "correlationId": {"location": "$message.header#/ce-id"},
+    }
+    return {name: celery, name + FORMATS["cloudevents"]: cloud_event}

@@ -1,0 +1,236 @@
+"""Circuit breakers in a worker: pause consuming a failing handler's queue, resume after the cool-down.
+
+The state lives in the worker's main process (:class:`WorkerBreakers`):
+the process running a handler (a pool child, or the worker itself with the
+solo pool) counts each run's outcome in shared memory; the main process
+reads the counts ten times a second, steps the :mod:`amqp_events.breakers.breaker` state
+machines, and on a trip cancels the consumer of that handler's queue only;
+other handlers go on. The queue's messages stay on the broker, in order.
+When the open period ends (or the hold of an operator or a health check is
+released) the worker consumes the queue again, half-open.
+
+A message already prefetched when a breaker opened is handed back: a copy
+with unchanged counters goes to the end of its queue, then the original is
+acked, so it never counts as a failed attempt. The shared arrays are
+created before the pool's children fork.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from amqp_events.breakers.breaker import Breaker, BreakerPolicy, State, Transition
+from amqp_events.breakers.health import Health, HealthCheck, HealthRunner
+from amqp_events.core.context import Attempt, Middleware
+from amqp_events.core.handler import Handler
+from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, hand_back
+from amqp_events.metrics import record_breaker, record_health
+from amqp_events.wire.message import Reason
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks at the breakers' clocks and the health checks' states.
+TICK = 0.1
+#: What the pool children read per handler: its breaker's state, and PROBING once a child took the one
+#: message a half-open breaker lets through.
+PROBING = 3
+#: The hold an operator puts on a breaker (``amqp-events breakers open``).
+OPERATOR = "operator"
+
+
+class WorkerBreakers:
+    """The breakers of one worker's handlers, and the health checks they depend on.
+
+    ``pause(queue)`` and ``resume(queue)`` stop and start consuming a queue
+    (the worker's consumer does that: :mod:`amqp_events.celery.steps`).
+    """
+
+    def __init__(
+        self,
+        service: str,
+        handlers: Iterable[Handler],
+        default: BreakerPolicy | None,
+        checks: Mapping[str, HealthCheck],
+    ) -> None:
+        self.service = service
+        self.handlers: dict[str, Handler] = {handler.queue: handler for handler in handlers}
+        policies = {queue: BreakerPolicy.of(handler.breaker, default) for queue, handler in self.handlers.items()}
+        self.breakers = {queue: Breaker(policy or BreakerPolicy()) for queue, policy in policies.items()}
+        #: Handlers whose breaker trips on failures (the others only pause when told to).
+        self.automatic = {queue for queue, policy in policies.items() if policy is not None}
+        self.slots = {queue: index for index, queue in enumerate(sorted(self.handlers))}
+        # One byte per handler, its State (or PROBING): written here, read by the pool children (forked later) ...
+        self.shared = multiprocessing.RawArray("b", max(1, len(self.slots)))
+        # ... and two counters per handler, successes and failures, written by them and read here.
+        self.outcomes = multiprocessing.Array("q", 2 * max(1, len(self.slots)))
+        self.seen = [0] * (2 * max(1, len(self.slots)))
+        self.checks = dict(checks)
+        for handler in self.handlers.values():
+            unknown = set(handler.requires) - set(self.checks)
+            if unknown:
+                raise ValueError(f"{handler.name} requires unknown health check(s): {', '.join(sorted(unknown))}")
+        self.pause: Callable[[str], None] = _nowhere
+        self.resume: Callable[[str], None] = _nowhere
+        self.runner: HealthRunner | None = None
+        self.probing_since: dict[str, float] = {}
+
+    # -- read anywhere (pool children included) ------------------------------------------------------
+
+    def may_run(self, queue: str) -> bool:
+        """May a message of ``queue`` run now? Closed: yes; open: no; half-open: the first one only."""
+        slot = self.slots.get(queue)
+        if slot is None or self.shared[slot] == State.CLOSED:
+            return True
+        if self.shared[slot] != State.HALF_OPEN:
+            return False
+        with self.outcomes.get_lock():  # one probe, whichever child asks first
+            if self.shared[slot] != State.HALF_OPEN:
+                return False
+            self.shared[slot] = PROBING
+            return True
+
+    def report(self, queue: str, failed: bool) -> None:
+        """Count a run of ``queue``'s handler: ``failed`` for an unexpected failure (retried or archived
+        for it); called by the process that ran it."""
+        slot = self.slots.get(queue)
+        if slot is not None and queue in self.automatic:  # only breakers that trip on failures read them
+            with self.outcomes.get_lock():
+                self.outcomes[2 * slot + failed] += 1
+
+    def states(self) -> dict[str, str]:
+        """Each handler's breaker state, by handler name (for heartbeats)."""
+        return {self.handlers[queue].name: str(breaker.state) for queue, breaker in self.breakers.items()}
+
+    def health(self) -> dict[str, str]:
+        return {name: str(check.state) for name, check in self.checks.items()}
+
+    # -- the main process --------------------------------------------------------------------------
+
+    def start(self, pause: Callable[[str], None], resume: Callable[[str], None]) -> None:
+        """The consumer (re)started: stop consuming what is paused; start the health checks once."""
+        self.pause, self.resume = pause, resume
+        for queue, breaker in self.breakers.items():
+            record_breaker(self.service, self.handlers[queue].name, breaker.state, tripped=False)
+            if breaker.state == State.OPEN:
+                pause(queue)
+        if self.checks and self.runner is None:
+            self.runner = HealthRunner(list(self.checks.values()))
+            self.runner.start()
+
+    def stop(self) -> None:
+        if self.runner is not None:
+            self.runner.stop()
+            self.runner = None
+        self.pause = self.resume = _nowhere
+
+    def tick(self) -> None:
+        """Outcomes reported since the last tick step the breakers; open periods that ended turn
+        half-open; health checks hold or release breakers."""
+        now = time.monotonic()
+        with self.outcomes.get_lock():
+            counts = self.outcomes[:]
+        for queue, slot in self.slots.items():
+            successes, failures = (counts[2 * slot + n] - self.seen[2 * slot + n] for n in (0, 1))
+            self.seen[2 * slot], self.seen[2 * slot + 1] = counts[2 * slot], counts[2 * slot + 1]
+            if queue in self.automatic:  # successes first: a failure among them decides a half-open probe
+                for failed in [False] * successes + [True] * failures:
+                    self._apply(queue, self.breakers[queue].record(failed, now))
+        for name, check in self.checks.items():
+            record_health(self.service, name, check.state.gauge)
+        for queue, breaker in self.breakers.items():
+            for name in self.handlers[queue].requires:
+                reason = f"health check {name} unhealthy"
+                if self.checks[name].state == Health.UNHEALTHY:
+                    self._apply(queue, breaker.hold(reason))
+                else:
+                    self._apply(queue, breaker.release(reason, now))
+            self._apply(queue, breaker.poll(now))
+            self._unless_probe_lost(queue, now)
+
+    def _unless_probe_lost(self, queue: str, now: float) -> None:
+        """A probe whose outcome never came (its process died): let another message probe."""
+        slot = self.slots[queue]
+        if self.shared[slot] != PROBING:
+            self.probing_since.pop(queue, None)
+        elif now - self.probing_since.setdefault(queue, now) > self.breakers[queue].policy.window:
+            self.probing_since.pop(queue)
+            self.shared[slot] = State.HALF_OPEN
+
+    def hold(self, handler: str, reason: str = OPERATOR) -> list[str]:
+        """Hold the breakers of the handlers named ``handler`` (function name, full name or event) open."""
+        return [queue for queue in self.matching(handler) if self._apply(queue, self.breakers[queue].hold(reason))]
+
+    def release(self, handler: str, reason: str = OPERATOR) -> list[str]:
+        now = time.monotonic()
+        return [
+            queue for queue in self.matching(handler) if self._apply(queue, self.breakers[queue].release(reason, now))
+        ]
+
+    def matching(self, handler: str) -> list[str]:
+        """Queues of the handlers called ``handler``: the function's name, its full name, or the event."""
+        return [
+            queue for queue, found in self.handlers.items() if handler in (found.name, found.short_name, found.event)
+        ]
+
+    def _apply(self, queue: str, transition: Transition | None) -> bool:
+        if transition is None:
+            return False
+        if transition.state == State.HALF_OPEN and queue not in self.automatic:  # no failures to watch for
+            transition = self.breakers[queue].close(transition.why)
+        name = self.handlers[queue].name
+        self.shared[self.slots[queue]] = transition.state
+        # Structured fields, as on the lines about events (amqp_events.middleware.logs).
+        fields = {"service": self.service, "handler": name, "breaker": transition.state.name.lower()}
+        if transition.state == State.OPEN:
+            self.pause(queue)
+            more = f"; resuming in {transition.open_for:g}s" if transition.open_for else ""
+            logger.log(
+                max(transition.level, logging.WARNING),
+                "breaker of %s opened (%s): its queue %s is not consumed%s",
+                name, transition.why, queue, more, extra=fields,
+            )  # fmt: skip
+        else:
+            self.resume(queue)
+            state, why = transition.state, transition.why
+            logger.info("breaker of %s %s (%s): consuming %s", name, state, why, queue, extra=fields)
+        tripped = transition.state == State.OPEN and bool(transition.open_for)
+        record_breaker(self.service, name, transition.state, tripped)
+        return True
+
+
+def _nowhere(queue: str) -> None:
+    """Pausing and resuming before a consumer started (or after it stopped): its start applies the states."""
+
+
+class Breakers(Middleware):
+    """A worker's breakers as middleware: a message of an open breaker's handler is handed back unrun, and
+    each run's outcome is counted for its breaker (by the process that ran it)."""
+
+    def __init__(self, breakers: WorkerBreakers) -> None:
+        self.breakers = breakers
+
+    def before_handle(self, attempt: Attempt) -> Outcome | None:
+        queue = attempt.delivery.queue
+        if self.breakers.may_run(queue):
+            return None
+        return hand_back(attempt.delivery, attempt.context.now())  # prefetched before the breaker opened
+
+    def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
+        if attempt.kind != "run" or outcome is None:
+            return
+        if isinstance(outcome, Ack):
+            if not outcome.duplicate:
+                self.breakers.report(attempt.delivery.queue, failed=False)
+        elif _unexpected_failure(outcome):
+            self.breakers.report(attempt.delivery.queue, failed=True)
+
+
+def _unexpected_failure(outcome: Outcome) -> bool:
+    """Does this outcome count against the handler's breaker? Failures that are retried, or archived for
+    running out of retries; not bad input, poison or failures declared permanent."""
+    if isinstance(outcome, Redeliver):
+        return outcome.why == "retry"
+    return isinstance(outcome, SendToArchive) and outcome.reason == Reason.MAX_RETRIES

@@ -1,0 +1,361 @@
+"""The Celery app of one service: :func:`events_app`, and what :class:`EventsApp` adds to Celery.
+
+An app is the service's :class:`~amqp_events.core.context.ServiceContext`
+made from Celery's configuration (:attr:`EventsApp.context`), and the
+decorators and methods users call, each a thin layer over the core.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from functools import cached_property
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from amqp_events.archive import Archive
+from amqp_events.breakers.breaker import BreakerPolicy
+from amqp_events.breakers.health import Health, HealthCheck
+from amqp_events.celery import control
+from amqp_events.celery.conf import EventsCelery
+from amqp_events.celery.handlers import EventDecorator, HandlerDecorator
+from amqp_events.celery.rabbitmq import RabbitMQ
+from amqp_events.celery.signals import SettledSignal
+from amqp_events.celery.steps import BreakerControl, BreakerState, Heartbeat, InboxPruning, MetricsEndpoint
+from amqp_events.celery.task import CONTROL_FLOW
+from amqp_events.clock import SYSTEM_CLOCK, Clock
+from amqp_events.core import firing
+from amqp_events.core.context import Middleware, Middlewares, ServiceContext
+from amqp_events.core.handler import Handler
+from amqp_events.core.transport import Transport
+from amqp_events.inbox.base import DedupStore, TransactionalInbox
+from amqp_events.middleware import standard_middleware
+from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
+from amqp_events.topology import Topology, check_service_name
+from amqp_events.wire import cloud_events
+from amqp_events.wire.message import OutgoingMessage
+
+if TYPE_CHECKING:
+    from amqp_events.celery.outbox import OutboxFacade
+    from amqp_events.outbox.store import OutboxStore
+
+T = TypeVar("T")
+
+try:
+    VERSION = version("celery-amqp-events")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    VERSION = "0+unknown"
+
+
+class EventsApp(EventsCelery):
+    """A Celery app for one service. Create it with :func:`events_app`."""
+
+    def __init__(self, main: str, *args: Any, home: Path | None = None, **kwargs: Any) -> None:
+        super().__init__(main, *args, **kwargs)
+        self.service = check_service_name(main)
+        #: The directory of the module that made the app (where the default SQLite outbox lives).
+        self.home = home or Path.cwd()
+        #: The service's handlers, by the event each handles.
+        self.handlers: dict[str, Handler] = {}
+        #: Health checks registered with :meth:`health_check`, by name.
+        self.health_checks: dict[str, HealthCheck] = {}
+        #: The events this service fires, made with :meth:`event`, by name (what ``asyncapi`` documents).
+        self.declared_events: dict[str, Any] = {}
+        self._settings: Settings | None = None
+        self._middleware: list[Middleware] = []
+        #: What the in-process mode puts in place of the broker, the clock and more middleware (:meth:`using`).
+        self._stand_in: tuple[Transport, Clock, tuple[Middleware, ...]] | None = None
+        self._context: ServiceContext | None = None
+
+    # -- configuration ----------------------------------------------------------------------------------
+
+    @property
+    def events_settings(self) -> Settings:
+        """The ``amqp_events_*`` settings, read from ``app.conf`` the first time they are needed.
+
+        That is the first fire (or batch), the first use of the topology (a
+        worker, when it starts), or the first read of this property. After
+        that, changing one of them raises :class:`~amqp_events.SettingsFrozen`.
+        """
+        if self._settings is None:
+            raw = raw_settings(self.conf)
+            self._settings = Settings.from_raw(raw)
+            self.freeze_settings(raw, f"at {SYSTEM_CLOCK.now():%H:%M:%S} UTC, when they were first needed")
+        return self._settings
+
+    @property
+    def context(self) -> ServiceContext:
+        """The service as the core sees it: made when first needed, and again after a change (a handler
+        registered, a middleware added, the in-process mode switched on or off)."""
+        if self._context is None:
+            settings = self.events_settings
+            transport, clock, more = self._stand_in or (self.rabbitmq, SYSTEM_CLOCK, ())
+            middleware = standard_middleware(settings, self.handlers.values(), VERSION)
+            self._context = ServiceContext(
+                name=self.service,
+                settings=settings,
+                handlers=dict(self.handlers),
+                transport=transport,
+                clock=clock,
+                middleware=Middlewares((*middleware, *self._middleware, SettledSignal(), *more)),
+                control_flow=CONTROL_FLOW,
+            )
+        return self._context
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Add ``middleware`` after the library's own (see :class:`amqp_events.core.context.Middleware`)."""
+        self._middleware.append(middleware)
+        self._context = None
+
+    def add_handler(self, handler: Handler) -> None:
+        self.handlers[handler.event] = handler
+        self._context = None
+
+    @contextmanager
+    def using(self, transport: Transport, clock: Clock, *middleware: Middleware) -> Iterator[ServiceContext]:
+        """Inside the block, this app sends to ``transport``, reads ``clock`` and has ``middleware`` too:
+        the in-process mode of :mod:`amqp_events.testing` (its outbox relay thread does not start)."""
+        if self._stand_in is not None:
+            raise RuntimeError(f"the app of {self.service!r} is in the in-process mode already")
+        self._stand_in, self._context = (transport, clock, middleware), None
+        try:
+            yield self.context
+        finally:
+            self._stand_in, self._context = None, None
+
+    @property
+    def topology(self) -> Topology:
+        """This service's exchanges, queues and bindings (computed, not read from the broker)."""
+        return self.context.topology
+
+    def declare_topology(self) -> None:
+        """Declare :attr:`topology` on the broker, as a worker does at start-up."""
+        context = self.context
+        context.transport.declare(context.topology)
+
+    @property
+    def transport(self) -> Transport:
+        """Where the app's messages go: :attr:`rabbitmq`, or the in-process mode's broker in memory."""
+        return self.context.transport
+
+    @cached_property
+    def rabbitmq(self) -> RabbitMQ:
+        """The app's broker (``broker_url``), with a publisher connection per thread."""
+        return RabbitMQ(self, self.events_settings.publish_timeout)
+
+    def close(self) -> None:
+        """Close the app's connections, the publisher's included, and stop its in-process outbox relay."""
+        if "outbox_facade" in self.__dict__:
+            self.outbox_facade.stop()
+        if "rabbitmq" in self.__dict__:
+            self.rabbitmq.close()
+        super().close()
+
+    # -- producing ----------------------------------------------------------------------------------------
+
+    def event(self, name: str, *, wire_format: str | None = None) -> EventDecorator:
+        """Decorate a validating function, or a dataclass/pydantic model, as the event ``name``.
+
+        ``wire_format`` ("celery" or "cloudevents") overrides the app's
+        ``amqp_events_wire_format`` for this event.
+        """
+        return EventDecorator(self, name, wire_format)
+
+    def wire_format(self, given: str | None = None) -> str:
+        """The wire format an event fires in: ``given``, else the app's ``amqp_events_wire_format``."""
+        return cloud_events.check_wire_format(given) if given else self.events_settings.wire_format
+
+    def fire(
+        self,
+        event: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        event_id: str | None = None,
+        wire_format: str | None = None,
+    ) -> str:
+        """Publish ``event`` (no validation) and return its id once the broker confirmed it.
+
+        With ``countdown`` seconds or an ``eta`` the event first waits on the
+        broker's delay ladder, then reaches every subscribed service.
+        ``event_id`` fires it under a given id instead of a new one: to fire
+        again an event whose firing raised :class:`~amqp_events.PublishError`
+        (its ``event_ids``), so that a copy that did reach the broker is the
+        same event to every inbox. ``wire_format`` overrides the app's
+        ``amqp_events_wire_format`` ("cloudevents" takes keyword arguments only).
+        Inside ``with app.batch():`` it returns at once; inside ``with
+        app.outbox(...):`` it writes a row.
+        """
+        wire_format = self.wire_format(wire_format) if wire_format else None
+        return firing.fire(
+            self.context, event, args, kwargs, countdown=countdown, eta=eta, event_id=event_id, wire_format=wire_format
+        )
+
+    def batch(self, window: int = 2000) -> Any:
+        """Fire many events fast: inside the block, firing returns the event id at once.
+
+        The broker's confirms are collected together (up to ``window``
+        messages in flight) and awaited when the block ends; then
+        :class:`~amqp_events.PublishError` names any event the broker refused
+        or did not confirm in time. Validation still runs at each call::
+
+            with app.batch():
+                for invoice in invoices:
+                    invoice_paid(invoice.id, invoice.amount)
+        """
+        return firing.batch(self.context, window)
+
+    def event_message(
+        self,
+        event: str,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: dict[str, Any],
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        wire_format: str | None = None,
+    ) -> OutgoingMessage:
+        """The message that fires ``event``, ready to publish (no validation, nothing sent)."""
+        context = self.context
+        message, delay = firing.fired_message(context, event, args, kwargs, countdown, eta, None, wire_format)
+        return firing.delayed(context, message, delay)
+
+    # -- the transactional outbox -------------------------------------------------------------------------
+
+    @cached_property
+    def outbox_facade(self) -> OutboxFacade:
+        from amqp_events.celery.outbox import OutboxFacade
+
+        return OutboxFacade(self)
+
+    def outbox(self, transaction: Any) -> Any:
+        """Fire into the application's own transaction: inside the block, firing writes a row instead of publishing.
+
+        ``transaction`` is the database handle the business writes use: a
+        SQLAlchemy ``Session`` or ``Connection``, or a Django connection. The
+        event is validated and built as usual and its row inserted there, so
+        it is published (by a relay) if and only if that transaction commits::
+
+            with Session(engine) as session, session.begin():
+                session.add(invoice)
+                with app.outbox(session):
+                    invoice_paid(invoice.id, invoice.amount)
+        """
+        return self.outbox_facade.writing(transaction)
+
+    @property
+    def outbox_url(self) -> str:
+        """``amqp_events_outbox_url``, or a SQLite file next to the app."""
+        return self.events_settings.outbox_url or f"sqlite:///{self.home / (self.service + '-outbox.sqlite3')}"
+
+    def outbox_store(self, url: str | None = None, engine: Any = None) -> OutboxStore:
+        """The outbox on ``engine``, or on the database at ``url`` (default: :attr:`outbox_url`)."""
+        return self.outbox_facade.store(url, engine)
+
+    # -- consuming ----------------------------------------------------------------------------------------
+
+    def handler(
+        self,
+        event: str | type,
+        *,
+        bind: bool = False,
+        max_retries: int | None = None,
+        backoff_base: float | None = None,
+        backoff_max: float | None = None,
+        jitter: bool | None = None,
+        dont_retry: tuple[type[BaseException], ...] = (),
+        inbox: TransactionalInbox | None = None,
+        dedup: DedupStore | None = None,
+        breaker: BreakerPolicy | dict[str, Any] | bool | None = None,
+        requires: tuple[str, ...] | list[str] = (),
+        **task_options: Any,
+    ) -> Callable[[T], T]:
+        """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
+
+        ``event`` is a name, or a class made with ``@app.event``: then the
+        handler receives an instance of it. ``bind=True`` passes the task as
+        ``self``. Retry options default to the app's settings;
+        ``dont_retry`` exception types are archived at once. ``inbox`` (an
+        :class:`amqp_events.inbox.Inbox`) runs the handler in a transaction
+        that records the event, handed to it as its first argument, so that
+        its effect happens once; ``dedup`` (a store such as
+        :class:`amqp_events.inbox.RedisDedup`) skips events already handled.
+        ``breaker`` (a :class:`~amqp_events.BreakerPolicy`, a dict of
+        its fields, True or False; default: the app's ``amqp_events_breaker``)
+        pauses consuming this handler's queue while it keeps failing;
+        ``requires`` names health checks (:meth:`health_check`) that pause it
+        while unhealthy. Other keyword arguments are Celery task options.
+        Returns the decorated object.
+        """
+        given = {
+            "max_retries": max_retries,
+            "backoff_base": backoff_base,
+            "backoff_max": backoff_max,
+            "jitter": jitter,
+            "dont_retry": tuple(dont_retry) or None,
+        }
+        options = {
+            "retry_options": {key: value for key, value in given.items() if value is not None},
+            "inbox": inbox,
+            "dedup": dedup,
+            "breaker": breaker,
+            "requires": requires,
+            **task_options,
+        }
+        return HandlerDecorator(self, event, bind, options)
+
+    def event_handlers(self) -> list[Any]:
+        """This service's handler tasks."""
+        return [self.tasks[event] for event in self.handlers]
+
+    def health_check(
+        self, name: str, interval: float = 10.0, timeout: float | None = None
+    ) -> Callable[[Callable[[], Health | bool]], Callable[[], Health | bool]]:
+        """Register a function returning a :class:`~amqp_events.Health` (or a bool) as the health
+        check ``name``, run by the worker every ``interval`` seconds in a thread (at most ``timeout`` s).
+
+        Handlers that ``require`` it are paused while it is unhealthy.
+        """
+
+        def register(function: Callable[[], Health | bool]) -> Callable[[], Health | bool]:
+            self.health_checks[name] = HealthCheck(name, function, interval, timeout)
+            return function
+
+        return register
+
+    # -- operating ----------------------------------------------------------------------------------------
+
+    def archive(self, service: str | None = None) -> Archive:
+        """The archive of this service (or of ``service``, another one's on the same broker)."""
+        return Archive(self.context, service)
+
+
+def events_app(service: str, **celery_settings: Any) -> EventsApp:
+    """Create the Celery app of ``service`` with the library's safe defaults.
+
+    Any Celery setting (``broker_url``, ``imports``, ...) or ``amqp_events_*``
+    setting can be passed; they override the defaults, as do settings loaded
+    later with ``app.config_from_object``, until the app first needs them
+    (see :attr:`EventsApp.events_settings`). The environment variables
+    ``AMQP_EVENTS_MAX_RETRIES``, ``AMQP_EVENTS_ARCHIVED_MESSAGE_TTL``,
+    ``AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH`` and ``AMQP_EVENTS_METRICS_PORT``
+    are read now, below app settings.
+    """
+    caller = inspect.currentframe()
+    module = caller.f_back.f_globals.get("__file__") if caller and caller.f_back else None
+    app = EventsApp(service, home=Path(module).resolve().parent if module else None)
+    defaults = {**CELERY_DEFAULTS, **environment_defaults()}
+    app.add_defaults(lambda: defaults)
+    app.steps["worker"].add(MetricsEndpoint)
+    app.steps["worker"].add(BreakerState)
+    app.steps["consumer"].add(BreakerControl)
+    app.steps["consumer"].add(Heartbeat)
+    app.steps["consumer"].add(InboxPruning)
+    control.register()
+    if celery_settings:
+        app.conf.update(celery_settings)
+    return app

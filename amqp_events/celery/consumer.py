@@ -1,0 +1,126 @@
+"""Celery's task consumer for an events app (``worker_consumer``, set by ``events_app``).
+
+* On every (re)connection it declares the service's topology before any
+  queue is consumed. A declaration error stops the worker with a message
+  that names the queue, the argument and both values (raised from the
+  consumer's start-up, where Celery treats it as unrecoverable). A worker
+  that ends up consuming none of its service's event queues says so loudly.
+* Every message is admitted first (:mod:`amqp_events.celery.received`): what
+  no handler can run is archived, never dropped or requeued in a loop.
+* With the solo pool, acks are sent at once; a warm shutdown wakes the event
+  loop at once (:mod:`amqp_events.celery.loop`).
+
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, tests/test_worker_startup.py,
+tests/test_bad_input.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from celery import signals
+from celery.concurrency.solo import TaskPool as SoloPool
+from celery.worker.consumer import Consumer
+from kombu import Connection
+from kombu.exceptions import ContentDisallowed
+from kombu.message import Message
+from vine import promise
+
+from amqp_events.celery.loop import LoopWaker, acks_now
+from amqp_events.celery.received import Archiver, admit
+from amqp_events.core import handling
+from amqp_events.core.context import ServiceContext
+from amqp_events.errors import TopologyMismatch
+from amqp_events.topology.declare import declare_topology
+from amqp_events.wire.message import Reason
+
+logger = logging.getLogger(__name__)
+
+
+class EventConsumer(Consumer):  # type: ignore[misc]
+    app: Any
+    hub: Any
+
+    class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
+        # Upstream (5.5+): the DelayedDelivery step declares 28 queues of its own on every vhost with quorum
+        # queues and binds ours to them. Delays here go through the library's ladder, routed to one queue.
+        default_steps: ClassVar[list[str]] = [
+            step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.archiver = Archiver(lambda: self.app.context, self.timer)
+        self.waker = LoopWaker(self.hub) if self.hub is not None else None
+        signals.worker_shutting_down.connect(self.wake_event_loop)  # weak: goes with the consumer
+
+    def wake_event_loop(self, **_: Any) -> None:
+        """Upstream: a warm shutdown only sets a flag the event loop reads between polls, and a poll lasts
+        up to 10 s when nothing arrives; kombu < 5.7 has no way to wake it from a signal handler."""
+        if self.waker is not None:
+            self.waker.wake()
+
+    def shutdown(self) -> None:
+        signals.worker_shutting_down.disconnect(self.wake_event_loop)
+        if self.waker is not None:
+            self.waker.close()
+            self.waker = None
+        super().shutdown()
+
+    def connect(self) -> Any:
+        connection = super().connect()
+        declare_on_connect(self.app.context, connection, self.app.amqp.queues.consume_from)
+        return connection
+
+    def create_task_handler(self, promise: Callable[..., Any] = promise) -> Callable[[Message], Any]:
+        if isinstance(self.pool, SoloPool):
+            promise = acks_now(promise, deferred=(self.call_soon, getattr(self, "call_soon_ack", None)))
+        run = super().create_task_handler(promise)
+
+        def on_task_received(message: Message) -> Any:
+            refused = admit(message, self.app.context)
+            if refused is not None:
+                return self.archiver.archive(message, *refused)
+            return run(message)
+
+        return on_task_received
+
+    # Upstream's hooks for messages it cannot run, should one reach them after all (a handler registered
+    # after the consumer started): it acks and drops undecodable ones, and rejects unknown tasks (which the
+    # queue's dead-letter exchange would bring straight back). Each is archived instead.
+
+    def on_decode_error(self, message: Message, exc: Exception) -> None:
+        self.archiver.archive(message, Reason.UNDECODABLE, exc)
+
+    def on_unknown_message(self, body: Any, message: Message) -> None:
+        self.archiver.archive(message, Reason.UNDECODABLE, handling.not_an_event())
+
+    def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
+        name = (message.headers or {}).get("task")
+        self.archiver.archive(message, Reason.UNKNOWN_EVENT, handling.unknown_event(self.app.service, name))
+
+    def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
+        reason = Reason.FORBIDDEN_CONTENT_TYPE if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
+        self.archiver.archive(message, reason, exc)
+
+
+def declare_on_connect(context: ServiceContext, connection: Connection, consumed: Mapping[str, Any]) -> None:
+    """Declare the service's topology on a new connection; complain if no event queue is consumed."""
+    try:
+        declare_topology(connection, context.topology)
+    except TopologyMismatch as exc:
+        logger.critical("cannot start service %r: %s", context.name, exc)
+        raise
+    event_queues = {queue.name for queue in context.topology.event_queues}
+    if not event_queues & set(consumed):
+        logger.error(
+            "service %r: this worker consumes none of the service's event queues (%s), so no event reaches it. %s",
+            context.name,
+            ", ".join(sorted(event_queues)) or "it has no handler",
+            "Register handlers in modules the worker imports (the app's imports= or include=, "
+            "`celery worker --include`, or app.autodiscover_tasks())"
+            if not event_queues
+            else "Check the worker's -Q/-X options.",
+        )

@@ -1,0 +1,284 @@
+"""An AMQP broker in memory, on a virtual clock: what the in-process mode of :mod:`amqp_events.testing`
+routes messages through.
+
+It models what the library's topology uses of RabbitMQ, from the very kombu
+objects a worker declares (:mod:`amqp_events.topology`):
+
+* the default exchange, topic and fanout exchanges, exchange-to-exchange
+  bindings and alternate exchanges, matching routing keys with kombu's own
+  exchange types;
+* mandatory publishing: :meth:`MemoryBroker.publish` says whether a queue
+  received the message; an exchange that does not exist is a ``NOT_FOUND``
+  error, as on the broker;
+* queues with a message TTL (``x-message-ttl``), a length limit
+  (``x-max-length``, dropping the oldest or refusing new ones:
+  ``x-overflow``) and dead-lettering (``x-dead-letter-exchange`` and
+  ``-routing-key``) of expired and rejected messages, with ``x-death``;
+* consuming with acks and rejects; a requeued message goes back to the head
+  of its queue with ``x-delivery-count`` counted up (quorum queues).
+
+Time is whatever ``now()`` says: :meth:`MemoryBroker.expire` moves the
+messages whose TTL ran out by then.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from amqp.exceptions import NotFound
+from kombu import Exchange
+from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, ExchangeType, TopicExchange
+
+from amqp_events.core.transport import Browsed, StoredMessage
+from amqp_events.topology import Topology
+from amqp_events.wire.message import X_DEATH, X_DELIVERY_COUNT
+
+
+class QueueFull(Exception):
+    """A queue with ``x-overflow: reject-publish`` is at its length limit: the broker refuses the message."""
+
+
+@dataclass
+class Envelope:
+    """A message on its way through the broker: in a queue, or being consumed."""
+
+    headers: dict[str, Any]
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    properties: dict[str, Any]
+    #: How it was last published (or dead-lettered): what a consumer sees in ``delivery_info``.
+    exchange: str
+    routing_key: str
+    redelivered: bool = False
+    #: Arrival order over every queue (also the delivery tag).
+    seq: int = 0
+    enqueued_at: datetime | None = None
+
+    def stored(self) -> StoredMessage:
+        return StoredMessage(self.headers, self.body, self.content_type, self.content_encoding)
+
+
+@dataclass
+class MemoryQueue:
+    name: str
+    arguments: dict[str, Any]
+    messages: deque[Envelope] = field(default_factory=deque)
+
+    @property
+    def ttl(self) -> timedelta | None:
+        ttl = self.arguments.get("x-message-ttl")
+        return timedelta(milliseconds=ttl) if ttl else None
+
+    @property
+    def dead_letter_exchange(self) -> str | None:
+        return self.arguments.get("x-dead-letter-exchange")
+
+    def head_expires_at(self) -> datetime | None:
+        ttl = self.ttl
+        if ttl is None or not self.messages:
+            return None
+        enqueued_at = self.messages[0].enqueued_at
+        return None if enqueued_at is None else enqueued_at + ttl
+
+
+@dataclass(frozen=True)
+class Route:
+    """A binding: ``destination`` (a queue, or an exchange when ``to_exchange``) gets what matches ``key``."""
+
+    key: str
+    pattern: Any
+    destination: tuple[bool, str]  # (to_exchange, name)
+
+
+class AmqpTopicExchange(TopicExchange):
+    """kombu's topic exchange, with RabbitMQ's ``*``: one word. Before kombu 5.7 it could match several."""
+
+    wildcards = {**TopicExchange.wildcards, "*": r"[^\.]+"}  # noqa: RUF012  # kombu's attribute, as kombu types it
+
+
+class MemoryBroker:
+    """Exchanges, queues and bindings in memory; every method runs at once, in the caller's thread."""
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self.now = now
+        self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.queues: dict[str, MemoryQueue] = {}
+        self.routes: dict[str, list[Route]] = {}
+        types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange}
+        self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
+        self._seq = itertools.count(1)
+
+    # -- declaring ----------------------------------------------------------------------------------
+
+    def declare(self, topology: Topology) -> None:
+        """Declare a service's exchanges, queues and bindings (what exists already is kept)."""
+        for exchange in topology.exchanges:
+            self.declare_exchange(exchange)
+        for queue in topology.queues:
+            self.queues.setdefault(
+                queue.name, MemoryQueue(queue.name, dict(getattr(queue, "queue_arguments", None) or {}))
+            )
+            if queue.exchange is not None and queue.exchange.name:
+                self._bind(queue.exchange.name, queue.routing_key, (False, queue.name))
+        for binding in topology.bindings:
+            destination = binding.destination
+            to_exchange = isinstance(destination, Exchange)
+            self._bind(binding.source.name, binding.routing_key, (to_exchange, destination.name))
+
+    def declare_exchange(self, exchange: Exchange) -> None:
+        self.exchanges.setdefault(exchange.name, (exchange.type, dict(getattr(exchange, "arguments", None) or {})))
+
+    def _bind(self, exchange: str, routing_key: str, destination: tuple[bool, str]) -> None:
+        kind = self._types[self.exchanges[exchange][0]]
+        key, pattern, _ = kind.prepare_bind(destination, exchange, routing_key, None)
+        routes = self.routes.setdefault(exchange, [])
+        if not any(route.key == key and route.destination == destination for route in routes):
+            routes.append(Route(key, pattern, destination))
+
+    # -- publishing ---------------------------------------------------------------------------------
+
+    def publish(self, envelope: Envelope) -> bool:
+        """Route ``envelope`` by its exchange and routing key; ``True`` if a queue received it."""
+        queues = self._route(envelope.exchange, envelope.routing_key, frozenset())
+        full = [name for name in queues if self._refuses(self.queues[name])]
+        if full:
+            raise QueueFull(f"queue(s) {', '.join(full)} at their length limit refuse new messages")
+        for name in sorted(queues):
+            self._enqueue(self.queues[name], replace(envelope, headers=copy.deepcopy(envelope.headers)))
+        return bool(queues)
+
+    def _route(self, exchange: str, routing_key: str, seen: frozenset[str]) -> set[str]:
+        if exchange == "":  # the default exchange: straight to the queue of that name
+            return {routing_key} if routing_key in self.queues else set()
+        if exchange not in self.exchanges:
+            raise NotFound(f"NOT_FOUND - no exchange '{exchange}' in vhost", reply_code=404)
+        kind, arguments = self.exchanges[exchange]
+        table = [(route.key, route.pattern, route.destination) for route in self.routes.get(exchange, [])]
+        queues: set[str] = set()
+        for to_exchange, name in self._types[kind].lookup(table, exchange, routing_key, None):
+            if not to_exchange:
+                queues.add(name)
+            elif name not in seen and name in self.exchanges:
+                queues |= self._route(name, routing_key, seen | {exchange})
+        alternate = arguments.get("alternate-exchange")
+        if not queues and alternate and alternate not in seen:
+            queues = self._route(alternate, routing_key, seen | {exchange})
+        return queues
+
+    def _refuses(self, queue: MemoryQueue) -> bool:
+        limit = queue.arguments.get("x-max-length")
+        return (
+            limit is not None and queue.arguments.get("x-overflow") == "reject-publish" and len(queue.messages) >= limit
+        )
+
+    def _enqueue(self, queue: MemoryQueue, envelope: Envelope) -> None:
+        envelope.seq, envelope.enqueued_at = next(self._seq), self.now()
+        queue.messages.append(envelope)
+        limit = queue.arguments.get("x-max-length")
+        while limit and len(queue.messages) > limit:  # drop-head, the default overflow
+            self._dead_letter(queue, queue.messages.popleft(), "maxlen")
+
+    # -- time passing -------------------------------------------------------------------------------
+
+    def next_expiry(self, dead_lettering_only: bool = False) -> datetime | None:
+        """When the next message's TTL runs out (only in queues that pass it on, if asked)."""
+        times = [
+            expires
+            for queue in self.queues.values()
+            if not dead_lettering_only or queue.dead_letter_exchange
+            if (expires := queue.head_expires_at()) is not None
+        ]
+        return min(times, default=None)
+
+    def expire(self) -> None:
+        """Dead-letter (or drop) every message whose TTL ran out by now, earliest first."""
+        while True:
+            due = [
+                (expires, queue.messages[0].seq, queue)
+                for queue in self.queues.values()
+                if (expires := queue.head_expires_at()) is not None and expires <= self.now()
+            ]
+            if not due:
+                return
+            _, _, queue = min(due, key=lambda entry: (entry[0], entry[1]))
+            self._dead_letter(queue, queue.messages.popleft(), "expired")
+
+    def _dead_letter(self, queue: MemoryQueue, envelope: Envelope, reason: str) -> None:
+        exchange = queue.dead_letter_exchange
+        if not exchange:
+            return  # dropped, as RabbitMQ does without a dead-letter exchange
+        headers = with_death(envelope.headers, queue.name, reason, envelope.exchange, envelope.routing_key, self.now())
+        routing_key = queue.arguments.get("x-dead-letter-routing-key") or envelope.routing_key
+        dead = replace(envelope, headers=headers, exchange=exchange, routing_key=routing_key, redelivered=False)
+        self.publish(dead)  # a dead letter no queue takes is dropped
+
+    # -- consuming ----------------------------------------------------------------------------------
+
+    def oldest(self, queues: Iterator[str] | list[str]) -> tuple[str, Envelope] | None:
+        """The message that arrived first among ``queues``, taken off its queue (unacked), if any."""
+        heads = [(self.queues[name].messages[0].seq, name) for name in queues if self.queues[name].messages]
+        if not heads:
+            return None
+        _, name = min(heads)
+        return name, self.queues[name].messages.popleft()
+
+    def reject(self, queue: str, envelope: Envelope, requeue: bool) -> None:
+        """A consumer gave ``envelope`` back: to the head of its queue, or to the dead-letter exchange."""
+        if requeue:
+            headers = {**envelope.headers, X_DELIVERY_COUNT: int(envelope.headers.get(X_DELIVERY_COUNT) or 0) + 1}
+            self.queues[queue].messages.appendleft(replace(envelope, headers=headers, redelivered=True))
+        else:
+            self._dead_letter(self.queues[queue], envelope, "rejected")
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    @contextmanager
+    def browse(self, queue: str) -> Iterator[Browsed]:
+        if queue not in self.queues:
+            raise NotFound(f"NOT_FOUND - no queue '{queue}' in vhost", reply_code=404)
+        messages = self.queues[queue].messages
+
+        def removing(envelope: Envelope) -> Callable[[], None]:
+            return lambda: messages.remove(envelope)
+
+        yield ((envelope.stored(), removing(envelope)) for envelope in list(messages))
+
+    def count(self, queue: str) -> int:
+        if queue not in self.queues:
+            raise NotFound(f"NOT_FOUND - no queue '{queue}' in vhost", reply_code=404)
+        return len(self.queues[queue].messages)
+
+
+def with_death(
+    headers: dict[str, Any], queue: str, reason: str, exchange: str, routing_key: str, now: datetime
+) -> dict[str, Any]:
+    """``headers`` with the ``x-death`` entry RabbitMQ adds when ``queue`` dead-letters a message.
+
+    One entry per queue and reason, the latest first, counting how often it happened.
+    """
+    deaths = [dict(death) for death in headers.get(X_DEATH) or []]
+    earlier = next((death for death in deaths if death.get("queue") == queue and death.get("reason") == reason), None)
+    if earlier is not None:
+        deaths.remove(earlier)
+    entry = {
+        "count": (earlier or {}).get("count", 0) + 1,
+        "reason": reason,
+        "queue": queue,
+        "time": now,
+        "exchange": exchange,
+        "routing-keys": [routing_key],
+    }
+    first = {
+        "x-first-death-queue": queue,
+        "x-first-death-reason": reason,
+        "x-first-death-exchange": exchange,
+    }
+    return {**first, **headers, X_DEATH: [entry, *deaths]}

@@ -1,0 +1,253 @@
+"""What the core works from: a service's context, and the middleware hooks around firing and handling.
+
+:class:`ServiceContext` is everything the core needs of one service: its
+name, settings, handlers, transport, clock and middleware. It is frozen: the
+app makes a new one when something changes (a handler registered, the
+in-process mode switching the app to its broker in memory).
+
+:class:`Middleware`, in dramatiq's sense: an ordered list of objects with
+named hooks around firing, handling and replaying (documented on the class).
+Tracing, metrics, structured logs, circuit breakers, the inbox, reading
+CloudEvents and the in-process mode's records are middleware, and users add
+their own (``app.add_middleware``). ``before_*`` hooks run in list order,
+``after_*`` hooks in reverse order; a hook a middleware does not override
+costs nothing (:class:`Middlewares` keeps, per hook, only the overriding ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any, TypeVar
+
+from amqp_events.clock import Clock
+from amqp_events.core.delivery import Delivery, Received
+from amqp_events.core.handler import Handler
+from amqp_events.core.outcome import Handling, Outcome
+from amqp_events.core.policy import RetryPolicy
+from amqp_events.core.transport import Transport
+from amqp_events.settings import Settings
+from amqp_events.topology import Topology, service_topology
+from amqp_events.wire.message import OutgoingMessage
+
+M = TypeVar("M", bound="Middleware")
+#: A handler's call as middleware see it: the attempt, the positional and the keyword arguments.
+Run = Callable[["Attempt", tuple[Any, ...], dict[str, Any]], Any]
+
+
+class Attempt:
+    """One message taken by a service's worker, from the moment it is taken to its settled outcome.
+
+    ``kind`` is ``run`` (its handler runs, or a middleware skips it), ``lost``
+    (the pool process running it died) or ``refused`` (no handler can take
+    it: ``handler`` is ``None``). Middleware keep what they need between their
+    hooks in ``state``.
+    """
+
+    __slots__ = ("call", "concluded", "context", "delivery", "handler", "kind", "state")
+
+    def __init__(
+        self,
+        context: ServiceContext,
+        delivery: Delivery,
+        handler: Handler | None,
+        kind: str,
+        call: Callable[..., Any] | None = None,
+    ) -> None:
+        self.context, self.delivery, self.handler, self.kind = context, delivery, handler, kind
+        #: The handler's own function (``run`` attempts): what the innermost :data:`Run` calls.
+        self.call = call
+        self.state: dict[str, Any] = {}
+        #: The outcome settled already while the handler ran (by ``self.retry()``).
+        self.concluded: Outcome | None = None
+
+
+class Firing:
+    """One event being fired: published with a confirm, sent in a batch, or written to the outbox."""
+
+    __slots__ = ("batched", "context", "delay", "message", "state")
+
+    def __init__(self, context: ServiceContext, message: OutgoingMessage, delay: int, batched: bool) -> None:
+        #: ``message`` reaches the subscribers' queues after ``delay`` seconds.
+        self.context, self.message, self.delay, self.batched = context, message, delay, batched
+        self.state: dict[str, Any] = {}
+
+
+class Replay:
+    """One archived message being sent back to its queue by an operator."""
+
+    __slots__ = ("archived_headers", "by", "context", "message", "state")
+
+    def __init__(
+        self, context: ServiceContext, message: OutgoingMessage, archived_headers: Mapping[str, Any], by: str
+    ) -> None:
+        #: ``message`` is the replayed copy; ``archived_headers`` those of the archived one; ``by`` who replays.
+        self.context, self.message, self.archived_headers, self.by = context, message, archived_headers, by
+        self.state: dict[str, Any] = {}
+
+
+class Middleware:
+    """Base class of middleware: every hook does nothing; override those you need.
+
+    Firing (in the process that fires):
+
+    * ``before_fire(firing)``: the message is built; replace ``firing.message`` to change it.
+    * ``after_fire(firing, result, error)``: ``result`` is ``confirmed``, ``unroutable`` (no queue
+      took it), ``outbox`` (a row written) or ``error``; in a batch, once its confirm came.
+
+    Handling (in the worker; a prefork worker's pool process for ``before_handle`` to ``after_handle``):
+
+    * ``before_receive(context, received) -> Received``: a message as it arrived, before anything
+      decodes it; return it changed, or raise :class:`~amqp_events.errors.Refused` to archive it as is.
+    * ``before_handle(attempt) -> Outcome | None``: before the handler runs; an outcome skips the run.
+    * ``wrap_run(context, handler, run) -> run``: once per handler: wrap its call (the inbox's transaction).
+    * ``optional_failed(attempt, section, error)``: an ``optional()`` section swallowed ``error``.
+    * ``before_settle(attempt, outcome) -> Outcome``: the outcome is decided; return it (or a copy with
+      more headers) before its copy is published.
+    * ``after_handle(attempt, outcome, error)``: every message taken ends here, once: its outcome
+      settled, or ``error`` when settling it failed (the message then goes back to the broker unacked).
+
+    Operating:
+
+    * ``before_replay(replay)`` / ``after_replay(replay, error)``: around sending an archived message back.
+    """
+
+    def before_fire(self, firing: Firing) -> None:
+        return None
+
+    def after_fire(self, firing: Firing, result: str, error: BaseException | None) -> None:
+        return None
+
+    def before_receive(self, context: ServiceContext, received: Received) -> Received:
+        return received
+
+    def before_handle(self, attempt: Attempt) -> Outcome | None:
+        return None
+
+    def wrap_run(self, context: ServiceContext, handler: Handler, run: Run) -> Run:
+        return run
+
+    def optional_failed(self, attempt: Attempt, section: str, error: BaseException) -> None:
+        return None
+
+    def before_settle(self, attempt: Attempt, outcome: Outcome) -> Outcome:
+        return outcome
+
+    def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
+        return None
+
+    def before_replay(self, replay: Replay) -> None:
+        return None
+
+    def after_replay(self, replay: Replay, error: BaseException | None) -> None:
+        return None
+
+
+HOOKS = (
+    "before_fire",
+    "after_fire",
+    "before_receive",
+    "before_handle",
+    "wrap_run",
+    "optional_failed",
+    "before_settle",
+    "after_handle",
+    "before_replay",
+    "after_replay",
+)
+
+
+class Middlewares:
+    """An ordered list of middleware, and for each hook the bound methods that override it.
+
+    ``after_*`` hooks are kept in reverse order: the first middleware is the outermost.
+    """
+
+    def __init__(self, items: Iterable[Middleware] = ()) -> None:
+        self.items: tuple[Middleware, ...] = tuple(items)
+        for hook in HOOKS:
+            methods = [getattr(item, hook) for item in self.items if _overrides(item, hook)]
+            if hook.startswith("after_"):
+                methods.reverse()
+            setattr(self, hook, tuple(methods))
+
+    # The hooks' overriding methods (set in __init__), for the type checker.
+    before_fire: tuple[Callable[[Firing], None], ...]
+    after_fire: tuple[Callable[[Firing, str, BaseException | None], None], ...]
+    before_receive: tuple[Callable[[ServiceContext, Received], Received], ...]
+    before_handle: tuple[Callable[[Attempt], Outcome | None], ...]
+    wrap_run: tuple[Callable[[ServiceContext, Handler, Run], Run], ...]
+    optional_failed: tuple[Callable[[Attempt, str, BaseException], None], ...]
+    before_settle: tuple[Callable[[Attempt, Outcome], Outcome], ...]
+    after_handle: tuple[Callable[[Attempt, Outcome | None, BaseException | None], None], ...]
+    before_replay: tuple[Callable[[Replay], None], ...]
+    after_replay: tuple[Callable[[Replay, BaseException | None], None], ...]
+
+    def find(self, kind: type[M]) -> M | None:
+        """The first middleware of ``kind``, if any."""
+        return next((item for item in self.items if isinstance(item, kind)), None)
+
+    def __add__(self, more: Iterable[Middleware]) -> Middlewares:
+        return Middlewares((*self.items, *more))
+
+
+def _overrides(item: Middleware, hook: str) -> bool:
+    return getattr(type(item), hook, None) is not getattr(Middleware, hook)
+
+
+@dataclass(frozen=True, eq=False)
+class ServiceContext:
+    """One service as the core sees it. The app builds it (:attr:`amqp_events.celery.EventsApp.context`)."""
+
+    name: str
+    settings: Settings
+    #: The service's handlers, by the event each handles.
+    handlers: Mapping[str, Handler]
+    transport: Transport
+    clock: Clock
+    middleware: Middlewares = field(default_factory=Middlewares)
+    #: Exceptions the host's runtime steers a handler with (Celery's ``Retry``, ``Ignore``, ``Reject``): they
+    #: pass through the handling pipeline untouched.
+    control_flow: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        self.handling(None)  # the app's retry rules are checked now, not at the first failure
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    @cached_property
+    def topology(self) -> Topology:
+        """This service's exchanges, queues and bindings (computed, not read from the broker)."""
+        return service_topology(self.name, self.handlers, self.settings)
+
+    @cached_property
+    def handlers_by_queue(self) -> dict[str, Handler]:
+        return {handler.queue: handler for handler in self.handlers.values()}
+
+    def handling(self, handler: Handler | None) -> Handling:
+        """The rules ``handler`` runs by (the app's for a message no handler takes), worked out once."""
+        rules = self._handling
+        found = rules.get(handler)
+        if found is None:
+            options = dict(handler.retry_options) if handler is not None else {}
+            policy = RetryPolicy.from_settings(self.settings, **options)
+            found = rules[handler] = Handling(
+                self.name,
+                handler.name if handler is not None else "",
+                policy,
+                self.settings.max_deliveries,
+                self.settings.max_redeliveries,
+            )
+        return found
+
+    @cached_property
+    def _handling(self) -> dict[Handler | None, Handling]:
+        return {}
+
+    @cached_property
+    def runs(self) -> dict[Handler, Run]:
+        """Each handler's call as the middleware wrapped it (``wrap_run``), made on first use."""
+        return {}

@@ -1,0 +1,138 @@
+"""Fireable events: what ``@app.event`` turns a function or a class into."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar
+
+P = ParamSpec("P")
+C = TypeVar("C", bound=type)
+
+
+class Fires(Protocol):
+    """What an event fires through: the app of the service that declared it."""
+
+    service: str
+
+    def fire(
+        self,
+        event: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        event_id: str | None = None,
+        wire_format: str | None = None,
+    ) -> str: ...
+
+    def wire_format(self, given: str | None = None) -> str: ...
+
+
+class Event(Generic[P]):
+    """An event made from a function whose body validates the arguments.
+
+    Calling it runs the function with the same arguments (an exception
+    propagates and nothing is published), then publishes the event and
+    returns its id once the broker confirmed it. It keeps the function's
+    name, docstring and signature. Fired as a CloudEvent, positional
+    arguments travel under their parameters' names.
+    """
+
+    def __init__(self, app: Fires, name: str, validate: Callable[P, Any], wire_format: str | None = None) -> None:
+        functools.update_wrapper(self, validate)
+        self.app = app
+        self.name = name
+        self.validate = validate
+        #: "celery", "cloudevents", or ``None``: the app's ``amqp_events_wire_format``.
+        self.wire_format = wire_format
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        return self.fire(args, kwargs)
+
+    def fire(
+        self,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+    ) -> str:
+        """Like calling the event, with Celery-style delay options.
+
+        ``countdown`` (seconds) or ``eta`` (a datetime) make the event wait on
+        the broker before it reaches its subscribers (whole seconds, never early).
+        """
+        kwargs = kwargs or {}
+        self.validate(*args, **kwargs)
+        if args and self.app.wire_format(self.wire_format) == "cloudevents":
+            args, kwargs = (), keyword_arguments(self.validate, args, kwargs)
+        return self.app.fire(self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format)
+
+    def __repr__(self) -> str:
+        return f"<Event {self.name!r} of service {self.app.service!r}>"
+
+
+def keyword_arguments(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``args`` and ``kwargs`` of a call of ``function``, all by name (a CloudEvent's data is an object)."""
+    signature = inspect.signature(function)
+    named: dict[str, Any] = {}
+    for parameter, value in signature.bind(*args, **kwargs).arguments.items():
+        kind = signature.parameters[parameter].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL and value:
+            raise TypeError(f"*{parameter} has no names: it cannot travel in a CloudEvent's data")
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        elif kind is not inspect.Parameter.VAR_POSITIONAL:
+            named[parameter] = value
+    return named
+
+
+def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None) -> C:
+    """A fireable subclass of a dataclass or pydantic model: ``Cls(...).fire()`` publishes its fields.
+
+    Constructing the instance is the validation. The subclass has the same
+    name and an ``event_name`` attribute, and can be given to ``@app.handler``
+    so that the handler receives an instance instead of keyword arguments.
+    The class itself is left as it is, so that a producer and a consumer
+    (two apps) can each make their own event of one shared class.
+    """
+    payload = _payload_of(cls)
+
+    def fire(self: Any, *, countdown: float | None = None, eta: datetime | None = None) -> str:
+        """Publish this event; returns its id once the broker confirmed it."""
+        return app.fire(name, (), payload(self), countdown=countdown, eta=eta, wire_format=wire_format)
+
+    namespace = {
+        # not fields: pydantic asks
+        "__annotations__": {
+            "event_name": ClassVar[str],
+            "event_app": ClassVar[Any],
+            "event_wire_format": ClassVar[Any],
+        },
+        "fire": fire,
+        "event_name": name,
+        "event_app": app,
+        "event_wire_format": wire_format,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "__doc__": cls.__doc__,
+    }
+    return type(cls)(cls.__name__, (cls,), namespace)
+
+
+def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
+    if dataclasses.is_dataclass(cls):
+        return dataclasses.asdict
+    if callable(getattr(cls, "model_dump", None)) and hasattr(cls, "model_validate"):
+        return _pydantic_payload
+    raise TypeError(f"@app.event on a class needs a dataclass or a pydantic model, not {cls.__qualname__}")
+
+
+def _pydantic_payload(instance: Any) -> dict[str, Any]:
+    # JSON mode turns UUIDs, datetimes and nested models into plain JSON values.
+    return dict(instance.model_dump(mode="json"))

@@ -1,0 +1,98 @@
+"""A service's handler of one event, as the core sees it: what it is called, where its messages wait,
+which arguments it takes and which rules and options it has. How it is run (a Celery task) is the adapter's
+business (:mod:`amqp_events.celery.task`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from amqp_events.errors import BadArguments
+from amqp_events.inbox.base import DedupStore, TransactionalInbox
+
+#: ``max_retries``/``backoff_base``/``backoff_max``/``jitter``/``dont_retry``: a handler's own retry rules.
+RETRY_OPTIONS = ("max_retries", "backoff_base", "backoff_max", "jitter", "dont_retry")
+
+
+@dataclass(frozen=True, eq=False)
+class Handler:
+    """One handler of one service (``@app.handler(event)``)."""
+
+    #: The event it handles.
+    event: str
+    #: The function or class registered, as ``module.qualname``: its name in logs, metrics and the archive.
+    name: str
+    #: The service's queue of the event: where its messages (and their retries) wait.
+    queue: str
+    #: The registered function (or a class-based handler's ``run``), as written.
+    function: Callable[..., Any]
+    #: Its first parameter is ``self`` (``bind=True``, or a class-based handler's ``run``).
+    takes_self: bool = False
+    #: For handlers of class events: the payload is turned into this class before the call.
+    event_class: type | None = None
+    #: Its own retry rules (keys of :data:`RETRY_OPTIONS`); the others are the app's.
+    retry_options: Mapping[str, Any] = field(default_factory=dict)
+    #: The same-transaction inbox: the handler's first argument is its handle.
+    inbox: TransactionalInbox | None = None
+    #: The store of effects done, consulted before and recorded after a run.
+    dedup: DedupStore | None = None
+    #: Its circuit breaker: a policy, a dict of policy fields, True/False, or None for the app's default.
+    breaker: Any = None
+    #: Names of the health checks it requires.
+    requires: tuple[str, ...] = ()
+    #: Argument shapes (how many positional, which keywords) already seen to fit the signature.
+    _fitting_shapes: set[tuple[int, frozenset[str]]] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.retry_options) - set(RETRY_OPTIONS)
+        if unknown:
+            raise TypeError(f"{self.name}: unknown retry option(s) {', '.join(sorted(unknown))}")
+        if self.inbox is not None and not self._takes_a_handle():
+            raise TypeError(
+                f"{self.name} has an inbox, so it receives the inbox's session or connection as its first "
+                "argument: add a parameter for it, e.g. def handler(session, ...)"
+            )
+
+    @cached_property
+    def signature(self) -> inspect.Signature:
+        """What a call takes, without ``self``: the inbox's handle first, when it has an inbox."""
+        signature = inspect.signature(self.function)
+        if self.takes_self:
+            signature = signature.replace(parameters=list(signature.parameters.values())[1:])
+        return signature
+
+    @property
+    def leading_parameters(self) -> int:
+        """Parameters before the payload's: ``self``, the inbox's handle."""
+        return int(self.takes_self) + int(self.inbox is not None)
+
+    @property
+    def short_name(self) -> str:
+        """The function's or class's own name, without its module."""
+        return self.name.rsplit(".", 1)[-1]
+
+    def fit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments for a payload (an instance of the event class, for class events);
+        :class:`~amqp_events.BadArguments` when the payload does not fit."""
+        if self.event_class is not None:
+            try:
+                return (self.event_class(*args, **kwargs),), {}
+            except Exception as exc:
+                raise BadArguments(f"cannot build {self.event_class.__name__} from the payload: {exc}") from exc
+        shape = (len(args), frozenset(kwargs))
+        if shape not in self._fitting_shapes:  # whether arguments bind depends on their shape only
+            handle = () if self.inbox is None else (None,)
+            try:
+                self.signature.bind(*handle, *args, **kwargs)
+            except TypeError as exc:
+                raise BadArguments(f"{self.name}{self.signature} cannot take this payload: {exc}") from exc
+            self._fitting_shapes.add(shape)
+        return args, kwargs
+
+    def _takes_a_handle(self) -> bool:
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        parameters = list(self.signature.parameters.values())
+        return bool(parameters) and parameters[0].kind in (*positional, inspect.Parameter.VAR_POSITIONAL)

@@ -1,0 +1,259 @@
+"""The handling pipeline: every message a service's worker takes goes through here, whatever runs the worker.
+
+* :func:`receive`: a message as it arrived, through the ``before_receive``
+  hooks (a CloudEvent is read into the library's form), then
+  :func:`runnable` says whether a handler of this service can take it.
+* :func:`handle`: a handler's run, from the middleware's ``before_handle``
+  to its settled outcome (:mod:`amqp_events.core.outcome` decides it,
+  :mod:`amqp_events.core.settle` publishes its copy).
+* :func:`retry_running`: the running handler asked to be retried (``self.retry()``).
+* :func:`lost`: the pool process running a message died.
+* :func:`refuse`: a message no handler can take goes to the archive as it arrived.
+
+Each ends in the ``after_handle`` hooks, once. The caller (the Celery
+adapter, :mod:`amqp_events.celery`) acks the original message once this
+returned, and turns the outcome into what its runtime expects.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import replace
+from typing import Any
+
+from amqp_events.clock import SYSTEM_CLOCK, reading
+from amqp_events.core.context import Attempt, Run, ServiceContext
+from amqp_events.core.delivery import Delivery, Received, Running, handler_running, running
+from amqp_events.core.handler import Handler
+from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal
+from amqp_events.core.settle import describe, settle
+from amqp_events.errors import BadArguments, RetryRequested
+from amqp_events.topology import delays, event_queue_name
+from amqp_events.wire.message import Reason
+
+logger = logging.getLogger(__name__)
+
+#: What a run returns when its effect happened already (the inbox knows its key): it is skipped, acked.
+DUPLICATE = object()
+
+
+# -- a message as it arrived -------------------------------------------------------------------------------
+
+
+def receive(context: ServiceContext, received: Received) -> Received:
+    """``received`` through the ``before_receive`` hooks; :class:`~amqp_events.errors.Refused` says why not."""
+    for before in context.middleware.before_receive:
+        received = before(context, received)
+    return received
+
+
+def runnable(context: ServiceContext, headers: Mapping[str, Any], body: Any) -> tuple[Reason, Exception] | None:
+    """Why a worker of this service cannot run a message with ``headers`` and decoded ``body``, if it cannot."""
+    if not is_task_body(body):
+        return Reason.UNDECODABLE, ValueError("the body is not a Celery task body [args, kwargs, embed]")
+    name = headers.get("task")
+    if not name:
+        return Reason.UNDECODABLE, not_an_event()
+    if name not in context.handlers:
+        return Reason.UNKNOWN_EVENT, unknown_event(context.name, name)
+    return None
+
+
+def is_task_body(body: Any) -> bool:
+    """Is ``body`` a Celery protocol-2 task body, ``[args, kwargs, embed]``?"""
+    return (
+        isinstance(body, (list, tuple))
+        and len(body) == 3
+        and isinstance(body[0], (list, tuple))
+        and isinstance(body[1], dict)
+        and (body[2] is None or isinstance(body[2], dict))
+    )
+
+
+def not_an_event() -> Exception:
+    return ValueError("no 'task' header: not an event")
+
+
+def unknown_event(service: str, name: object) -> Exception:
+    return LookupError(f"service {service!r} has no handler for event {name!r}")
+
+
+def origin_queue(service: str, exchange: str, routing_key: str) -> str:
+    """The queue of ``service`` a message was consumed from, worked out from how it was routed."""
+    try:
+        if exchange == delays.DELIVERY_EXCHANGE:
+            _, destination = delays.decode_routing_key(routing_key)
+            kind, _, name = destination.partition(".")
+            return name if kind == "queue" else event_queue_name(service, name)
+        if exchange == "":
+            return routing_key
+        return event_queue_name(service, routing_key)
+    except ValueError:  # also InvalidName
+        return ""
+
+
+# -- a handler's run ---------------------------------------------------------------------------------------
+
+
+def handle(
+    context: ServiceContext, handler: Handler, delivery: Delivery, call: Callable[..., Any]
+) -> tuple[Outcome, Any]:
+    """Run ``handler``'s ``call`` for ``delivery`` and settle the outcome; returns it and what the call returned.
+
+    Exceptions of ``context.control_flow`` raised by the call pass through, unsettled.
+    """
+    attempt = Attempt(context, delivery, handler, "run", call)
+    try:
+        outcome: Outcome | None = None
+        for before in context.middleware.before_handle:
+            outcome = before(attempt)
+            if outcome is not None:  # a middleware takes the message off the handler (a breaker, a duplicate)
+                break
+        result = None
+        if outcome is None:
+            outcome, result = _run(attempt)
+        if outcome is not attempt.concluded:  # self.retry() settled its outcome already
+            outcome = settle(attempt, outcome)
+    except BaseException as error:
+        _after(attempt, None, error)
+        raise
+    _after(attempt, outcome, None)
+    return outcome, result
+
+
+def _run(attempt: Attempt) -> tuple[Outcome, Any]:
+    context, delivery, handler = attempt.context, attempt.delivery, attempt.handler
+    assert handler is not None
+    handling = context.handling(handler)
+    refused = refusal(delivery, handling)
+    if refused is not None:
+        return decide(delivery, refused, handling, context.now()), None
+    try:
+        args, kwargs = handler.fit(tuple(delivery.args), dict(delivery.kwargs))
+    except BadArguments as exc:
+        return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), handling, context.now()), None
+    run = context.runs.get(handler) or _wrapped_run(context, handler)
+    try:
+        with ExitStack() as running:
+            running.enter_context(handler_running(_running_of(attempt)))
+            if context.clock is not SYSTEM_CLOCK:
+                running.enter_context(reading(context.clock))
+            result = run(attempt, args, kwargs)
+    except BaseException as exc:
+        if attempt.concluded is not None:  # self.retry() settled it, then raised to leave the handler
+            return attempt.concluded, None
+        if isinstance(exc, context.control_flow) or not isinstance(exc, Exception):
+            raise
+        return decide(delivery, Failed(exc), handling, context.now()), None
+    if attempt.concluded is not None:  # self.retry(throw=False), then the handler returned
+        return attempt.concluded, None
+    if result is DUPLICATE:
+        return Ack(duplicate=True), None
+    return Ack(), result
+
+
+def _wrapped_run(context: ServiceContext, handler: Handler) -> Run:
+    """``handler``'s call wrapped by the middleware (``wrap_run``, the first outermost), made once."""
+
+    def call(attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        assert attempt.call is not None
+        return attempt.call(*args, **kwargs)
+
+    run: Run = call
+    for wrap in reversed(context.middleware.wrap_run):
+        run = wrap(context, handler, run)
+    context.runs[handler] = run
+    return run
+
+
+def _running_of(attempt: Attempt) -> Running:
+    context, handler = attempt.context, attempt.handler
+    assert handler is not None
+
+    def optional_failed(section: str, error: BaseException) -> None:
+        logger.warning(
+            "optional section %s failed, going on: %s(%s) event_id=%s service=%s handler=%s",
+            section, type(error).__name__, str(error)[:200], attempt.delivery.event_id, context.name, handler.name,
+        )  # fmt: skip
+        for hook in context.middleware.optional_failed:
+            hook(attempt, section, error)
+
+    def retry(
+        error: BaseException | None, countdown: float | None, max_retries: int | None, args: Any, kwargs: Any
+    ) -> Outcome:
+        delivery = attempt.delivery
+        if args is not None or kwargs is not None:
+            delivery = replace(
+                delivery,
+                args=delivery.args if args is None else list(args),
+                kwargs=delivery.kwargs if kwargs is None else dict(kwargs),
+            )
+        failed = Failed(error or RetryRequested("the handler asked to be retried"), countdown, max_retries)
+        outcome = decide(delivery, failed, context.handling(handler), context.now())
+        attempt.concluded = settle(attempt, outcome)
+        return attempt.concluded
+
+    return Running(attempt.delivery, context.name, handler.name, context.control_flow, optional_failed, retry)
+
+
+def retry_running(
+    error: BaseException | None,
+    countdown: float | None = None,
+    max_retries: int | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+) -> Outcome:
+    """The running handler asked to run again (``self.retry(...)``): decide and settle that now.
+
+    ``args``/``kwargs`` replace the event's arguments in the retried copy;
+    ``countdown`` and ``max_retries`` apply to this decision only. When no
+    retry is left the message is archived instead. The handler then leaves
+    (the adapter raises), and :func:`handle` ends with this outcome.
+    """
+    handler = running()
+    if handler is None:
+        raise RuntimeError("self.retry() is only available while a handler runs in a worker")
+    outcome: Outcome = handler.retry(error, countdown, max_retries, args, kwargs)
+    return outcome
+
+
+# -- a lost process, a message no handler takes -------------------------------------------------------------
+
+
+def lost(context: ServiceContext, handler: Handler, delivery: Delivery) -> Outcome:
+    """The pool process running ``delivery`` died: send it back, or archive it after too many losses.
+
+    Called by the worker's main process, which knows which message its lost
+    child was running; it acks the original once this returned.
+    """
+    attempt = Attempt(context, delivery, handler, "lost")
+    return _conclude(attempt, decide(delivery, Lost(), context.handling(handler), context.now()))
+
+
+def refuse(context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException) -> Outcome:
+    """Archive ``delivery``, which no handler of this service can run, with ``reason``."""
+    attempt = Attempt(context, delivery, None, "refused")
+    return _conclude(attempt, decide(delivery, CannotRun(reason, error), context.handling(None), context.now()))
+
+
+def _conclude(attempt: Attempt, outcome: Outcome) -> Outcome:
+    try:
+        outcome = settle(attempt, outcome)
+    except BaseException as error:
+        _after(attempt, None, error)
+        raise
+    _after(attempt, outcome, None)
+    return outcome
+
+
+def _after(attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
+    """The ``after_handle`` hooks; one that raises is logged, and the others still run."""
+    for after in attempt.context.middleware.after_handle:
+        try:
+            after(attempt, outcome, error)
+        except Exception as exc:
+            logger.error(
+                "middleware %s failed after handling event %s: %s", after, attempt.delivery.event_id, describe(exc)
+            )

@@ -1,0 +1,282 @@
+"""What becomes of a delivered message: the pure outcome core.
+
+Every message a service's worker takes ends in exactly one outcome:
+
+* :class:`Ack`: nothing more to do (the handler returned);
+* :class:`Redeliver`: a copy goes back to this service's queue only, after
+  a delay on the broker when there is one, with its counters updated;
+* :class:`SendToArchive`: a copy goes to the service's archive, with the
+  reason and the error.
+
+In the last two cases the original is acked once the broker confirmed the
+copy, so a message is never lost between the two. :func:`decide` computes
+the outcome from the delivery, what happened and the handler's rules; it
+does no I/O (the random source of jitter is an argument). The handling
+pipeline (:mod:`amqp_events.core.handling`) carries out what it returns.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from amqp_events.core.delivery import Delivery
+from amqp_events.core.policy import GiveUp, RetryPolicy
+from amqp_events.core.sections import Section, section_of
+from amqp_events.errors import BreakerOpen, Rejected, WorkerLost
+from amqp_events.settings import Settings
+from amqp_events.topology import delays
+from amqp_events.wire.archived import Delivered, Failure, archived_message
+from amqp_events.wire.message import (
+    FAILED_SECTION,
+    FIRST_FAILURE_AT,
+    JSON,
+    LOST_RUNS,
+    SECTION_RETRIES,
+    OutgoingMessage,
+    Reason,
+    copy_headers,
+    earlier_deliveries,
+    isoformat,
+    json_body,
+    parse_time,
+    section_retries,
+    was_rejected,
+)
+
+# -- what happened -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    """The handler returned."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The handler raised ``error``, or asked to be retried (``self.retry(countdown=..., max_retries=...)``)."""
+
+    error: BaseException
+    countdown: float | None = None
+    max_retries: int | None = None
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The pool process running the handler died."""
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    """The handler must not run, and never will: bad input, an unknown event, too many returns."""
+
+    reason: Reason
+    error: BaseException
+
+
+Happened = Succeeded | Failed | Lost | CannotRun
+
+
+# -- outcomes ------------------------------------------------------------------
+#
+# Each outcome has one ``name``, the same in metrics (the ``outcome`` label), traces, logs and the in-process
+# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, archived.
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Done: ack the message (``duplicate``: the handler was skipped, its effect had happened already)."""
+
+    duplicate: bool = False
+
+    @property
+    def name(self) -> str:
+        return "skipped" if self.duplicate else "success"
+
+
+@dataclass(frozen=True)
+class Redeliver:
+    """Send ``copy`` back to the service's queue (after ``delay`` seconds), then ack the original."""
+
+    copy: OutgoingMessage
+    delay: int
+    error: BaseException
+    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``hand_back`` unrun (breaker open).
+    why: str = "retry"
+
+    @property
+    def name(self) -> str:
+        return _REDELIVERY_NAMES[self.why]
+
+
+@dataclass(frozen=True)
+class SendToArchive:
+    """Send ``copy`` to the service's archive, then ack the original."""
+
+    copy: OutgoingMessage
+    reason: Reason
+    error: BaseException
+    attempts: int
+
+    name = "archived"
+
+
+_REDELIVERY_NAMES = {"retry": "retry_scheduled", "redeliver": "redelivered", "hand_back": "handed_back"}
+Outcome = Ack | Redeliver | SendToArchive
+
+
+@dataclass(frozen=True)
+class Handling:
+    """Who handles a message and by which rules."""
+
+    service: str
+    #: The registered function or class, as ``module.qualname`` ("" when no handler could be found).
+    handler: str
+    policy: RetryPolicy
+    #: Pool processes that may die running one message before it is archived as ``worker_lost``.
+    max_deliveries: int
+    #: Returns to the queue without an outcome (whole workers dying) before it is archived as ``worker_lost``.
+    max_redeliveries: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings, service: str, handler: str = "", **retry_options: Any) -> Handling:
+        """The app's rules, with a handler's own retry options (``max_retries``, ``backoff_base``, ...)."""
+        return cls(
+            service,
+            handler,
+            RetryPolicy.from_settings(settings, **retry_options),
+            settings.max_deliveries,
+            settings.max_redeliveries,
+        )
+
+
+def refusal(delivery: Delivery, handling: Handling) -> Failed | CannotRun | None:
+    """Why ``delivery`` must not run its handler this time, if it must not.
+
+    A message the broker returned too often without an outcome ends the
+    crash loop; a message that came back dead-lettered as rejected counts
+    as a failed attempt.
+    """
+    returns = earlier_deliveries(delivery.headers)
+    if returns >= handling.max_redeliveries:
+        return CannotRun(Reason.WORKER_LOST, WorkerLost(f"returned to its queue {returns} times without an outcome"))
+    if was_rejected(delivery.headers, delivery.queue):
+        return Failed(Rejected("the message was rejected without requeue"))
+    return None
+
+
+def decide(
+    delivery: Delivery,
+    happened: Happened,
+    handling: Handling,
+    now: datetime,
+    rng: Callable[[], float] = random.random,
+) -> Outcome:
+    """The outcome of ``delivery`` after ``happened``, under ``handling``'s rules (pure: ``rng`` draws jitter)."""
+    if isinstance(happened, Succeeded):
+        return Ack()
+    if isinstance(happened, Failed):
+        return after_failure(delivery, happened, handling, now, rng)
+    if isinstance(happened, Lost):
+        lost = delivery.lost_runs + 1
+        error = WorkerLost(f"the process running the handler died ({lost} time(s) so far)")
+        if lost >= handling.max_deliveries:
+            return archive(delivery, Reason.WORKER_LOST, error, delivery.retries + lost, handling, now)
+        headers = {**copy_headers(delivery.headers, delivery.retries), LOST_RUNS: lost}
+        return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="redeliver")
+    # A message returned too often was running each time its worker died; bad input never ran.
+    ran = 1 if happened.reason == Reason.WORKER_LOST else 0
+    return archive(delivery, happened.reason, happened.error, delivery.retries + ran, handling, now)
+
+
+def after_failure(
+    delivery: Delivery, failed: Failed, handling: Handling, now: datetime, rng: Callable[[], float] = random.random
+) -> Outcome:
+    """A failure's outcome, by the policy of the section it happened in (:mod:`amqp_events.sections`).
+
+    A ``retry`` section counts its own retries (``section_retries``); the
+    handler's policy counts the retries no section claimed (:mod:`amqp_events.core.sections`).
+    """
+    section = section_of(failed.error)
+    attempts = delivery.retries + 1
+    if section is not None and section.kind == "poisonous":
+        return archive(delivery, Reason.POISONOUS, failed.error, attempts, handling, now, section.name)
+    counts = section_retries(delivery.headers)
+    if section is None:
+        policy, used = handling.policy, max(0, delivery.retries - sum(counts.values()))
+    else:
+        policy, used = within(handling.policy, section), counts.get(section.name, 0)
+    decision = policy.decide(failed.error, used, countdown=failed.countdown, max_retries=failed.max_retries, rng=rng)
+    name = section.name if section is not None else ""
+    if isinstance(decision, GiveUp):
+        return archive(delivery, decision.reason, failed.error, attempts, handling, now, name)
+    first_failure_at = parse_time(delivery.headers.get(FIRST_FAILURE_AT)) or now
+    headers = copy_headers(delivery.headers, attempts, **{FIRST_FAILURE_AT: isoformat(first_failure_at)})
+    headers.pop(FAILED_SECTION, None)
+    if section is not None:
+        headers[SECTION_RETRIES] = {**counts, section.name: used + 1}
+        headers[FAILED_SECTION] = section.name
+    return Redeliver(back_to_queue(delivery, headers, decision.delay, now), decision.delay, failed.error)
+
+
+def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
+    """``policy`` with a ``retry`` section's own values where it sets them."""
+    return replace(
+        policy,
+        max_retries=policy.max_retries if section.max_retries is None else section.max_retries,
+        backoff_base=policy.backoff_base if section.backoff_base is None else section.backoff_base,
+        backoff_max=policy.backoff_max if section.backoff_max is None else section.backoff_max,
+    )
+
+
+def hand_back(delivery: Delivery, now: datetime) -> Redeliver:
+    """A message taken while its handler's breaker was open goes back unrun, its counters unchanged."""
+    headers = copy_headers(delivery.headers, delivery.retries)
+    if LOST_RUNS in delivery.headers:  # a per-copy count, but this copy is the same delivery again
+        headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
+    error = BreakerOpen("the handler's circuit breaker is open")
+    return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="hand_back")
+
+
+def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
+    """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first."""
+    direct = OutgoingMessage("", delivery.queue, headers, delivery.task_body(), delivery.event_id)
+    return direct.after(delay, delays.queue_destination(delivery.queue), now)
+
+
+def archive(
+    delivery: Delivery,
+    reason: Reason,
+    error: BaseException,
+    attempts: int,
+    handling: Handling,
+    now: datetime,
+    section: str = "",
+) -> SendToArchive:
+    """The outcome that sends ``delivery`` to the archive with ``reason`` (failed in ``section``, if any)."""
+    failure = Failure.from_exception(
+        reason,
+        error,
+        attempts=attempts,
+        first_failure_at=parse_time(delivery.headers.get(FIRST_FAILURE_AT)),
+        now=now,
+        section=section,
+    )
+    if delivery.raw_body is not None:
+        body, content_type, content_encoding = delivery.raw_body, delivery.content_type, delivery.content_encoding
+    else:
+        body, content_type, content_encoding = json_body(delivery.task_body()), JSON, "utf-8"
+    delivered = Delivered(
+        headers=copy_headers(delivery.headers, delivery.retries),
+        body=body,
+        content_type=content_type,
+        content_encoding=content_encoding,
+        exchange=delivery.exchange,
+        routing_key=delivery.routing_key or delivery.event,
+        queue=delivery.queue,
+    )
+    copy = archived_message(delivered, failure, handling.service, handling.handler)
+    return SendToArchive(copy, reason, error, attempts)

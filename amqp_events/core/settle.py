@@ -1,0 +1,52 @@
+"""Carrying out an :mod:`~amqp_events.core.outcome`: publish its copy, confirmed, before the original goes.
+
+The worker acks the original message only after :func:`settle` returned, so
+the copy (a retry, a redelivery, an archived copy) is on the broker before
+the original leaves it: a message is never lost between the two.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from amqp_events.core.context import Attempt, ServiceContext
+from amqp_events.core.outcome import Ack, Outcome
+from amqp_events.errors import TopologyMissing
+from amqp_events.wire.message import OutgoingMessage
+
+logger = logging.getLogger(__name__)
+
+
+def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
+    """Let the middleware see ``outcome`` (``before_settle``), then publish its copy; returns the outcome
+    carried out."""
+    for before in attempt.context.middleware.before_settle:
+        outcome = before(attempt, outcome)
+    if not isinstance(outcome, Ack):
+        publish_routed(attempt.context, outcome.copy)
+    return outcome
+
+
+def publish_routed(context: ServiceContext, message: OutgoingMessage) -> None:
+    """Publish a message that must reach a queue of ours (a retry copy, an archived copy).
+
+    If nothing received it, a queue or exchange was deleted under us:
+    declare the topology again and publish once more.
+    """
+    transport = context.transport
+    if transport.publish(message):
+        return
+    logger.warning(
+        "no queue received %r on exchange %r: declaring the topology again", message.routing_key, message.exchange
+    )
+    transport.declare(context.topology)
+    if not transport.publish(message):
+        raise TopologyMissing(
+            f"no queue receives {message.routing_key!r} on exchange {message.exchange!r}, "
+            "even after declaring the topology again"
+        )
+
+
+def describe(exc: BaseException) -> str:
+    """An exception in one short line, for logs."""
+    return f"{type(exc).__name__}({str(exc)[:200]!r})"

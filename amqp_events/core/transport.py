@@ -1,0 +1,70 @@
+"""Where a service's messages go: what the core asks of a broker.
+
+Everything a service sends or reads outside a worker's consumer goes through
+its transport (:attr:`~amqp_events.core.context.ServiceContext.transport`):
+fired events, batches and outbox rows, the copies a handler's outcome sends
+(retries, archived messages), and browsing the archive. On RabbitMQ it is
+:class:`amqp_events.celery.rabbitmq.RabbitMQ`; the in-process mode of
+:mod:`amqp_events.testing` gives an app a broker in memory instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from amqp_events.topology import Topology
+from amqp_events.wire.message import OutgoingMessage
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as it sits in a queue: what browsing a queue returns."""
+
+    headers: dict[str, Any]
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+
+
+#: Browsing a queue yields each message with a function that removes it for good.
+Browsed = Iterator[tuple[StoredMessage, Callable[[], None]]]
+
+
+class BatchPublisher(Protocol):
+    """Publishes many messages, collecting their confirms together."""
+
+    def publish(self, message: OutgoingMessage, key: Any = None) -> None:
+        """Send ``message`` (identified by ``key``, default its id) without waiting for its confirm."""
+
+    def wait(self) -> None:
+        """Wait for the confirms of everything sent so far."""
+
+    def results(self) -> tuple[list[Any], list[Any], set[str]]:
+        """``(confirmed keys, refused keys, returned ids)`` since the last call, then forget them."""
+
+    def close(self) -> None: ...
+
+
+class Transport(Protocol):
+    #: Exceptions that mean the broker cannot be reached now (what an outbox relay waits out).
+    errors: tuple[type[BaseException], ...]
+
+    def publish(self, message: OutgoingMessage) -> bool:
+        """Publish ``message`` with a confirm; ``False`` if no queue received it."""
+
+    def batch(self, window: int) -> BatchPublisher:
+        """A batch publisher with up to ``window`` confirms outstanding."""
+
+    def declare(self, topology: Topology) -> None:
+        """Declare a service's topology."""
+
+    def browse(self, queue: str) -> AbstractContextManager[Browsed]:
+        """Every message of ``queue``, in order; those not removed stay, in their order."""
+
+    def count(self, queue: str) -> int:
+        """Messages in ``queue`` right now."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,21 @@
+"""A service's place on the broker: its exchanges, queues and bindings, and the delay ladder they share.
+
+* :mod:`~amqp_events.topology.names`: service, event and queue names;
+* :mod:`~amqp_events.topology.delays`: the delay ladder's routing keys (pure maths);
+* :mod:`~amqp_events.topology.layout`: the topology as plain kombu ``Exchange``/``Queue`` objects (pure);
+* :mod:`~amqp_events.topology.declare`: declaring it on a live broker;
+* :mod:`~amqp_events.topology.check`: comparing it with what a live broker has.
+"""
+
+from amqp_events.topology.layout import Binding, Topology, service_topology
+from amqp_events.topology.names import archive_queue_name, check_event_name, check_service_name, event_queue_name
+
+__all__ = [
+    "Binding",
+    "Topology",
+    "archive_queue_name",
+    "check_event_name",
+    "check_service_name",
+    "event_queue_name",
+    "service_topology",
+]

@@ -1,0 +1,176 @@
+"""Comparing a service's computed topology with what a live broker has, replicas included."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kombu import Exchange, Queue
+
+from amqp_events.management import ManagementAPI
+from amqp_events.topology import delays
+from amqp_events.topology.layout import PLACEMENT, Topology
+
+#: (source exchange, destination, "queue" or "exchange", routing key)
+BindingKey = tuple[str, str, str, str]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way the broker differs from the topology.
+
+    ``missing``, ``extra``, ``mismatch``, ``under-replicated``, ``leaderless``; or a ``note``, which is
+    worth knowing but not wrong (``topology check`` still succeeds).
+    """
+
+    kind: str
+    entity: str
+    name: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.entity} {self.name!r}" + (f": {self.detail}" if self.detail else "")
+
+    @property
+    def wrong(self) -> bool:
+        return self.kind != "note"
+
+
+@dataclass
+class LiveTopology:
+    """What the management API reports for one vhost."""
+
+    exchanges: dict[str, dict[str, Any]] = field(default_factory=dict)
+    queues: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bindings: set[BindingKey] = field(default_factory=set)
+    #: The cluster's nodes (running or not).
+    nodes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, management: ManagementAPI, vhost: str) -> LiveTopology:
+        return cls(
+            exchanges={item["name"]: item for item in management.exchanges(vhost) if item["name"]},
+            queues={item["name"]: item for item in management.queues(vhost)},
+            bindings={
+                (item["source"], item["destination"], item["destination_type"], item["routing_key"])
+                for item in management.bindings(vhost)
+                if item["source"]  # every queue is bound to the default exchange: not ours to check
+            },
+            nodes=[item["name"] for item in management.nodes()],
+        )
+
+
+def expected_bindings(topology: Topology) -> set[BindingKey]:
+    found: set[BindingKey] = set()
+    for queue in topology.queues:
+        if queue.exchange is not None and queue.exchange.name:
+            found.add((queue.exchange.name, queue.name, "queue", queue.routing_key or ""))
+    for link in topology.bindings:
+        kind = "queue" if isinstance(link.destination, Queue) else "exchange"
+        found.add((link.source.name, link.destination.name, kind, link.routing_key))
+    return found
+
+
+def differences(topology: Topology, live: LiveTopology, vhost: str = "/") -> list[Difference]:
+    """Every difference between ``topology`` and ``live`` (empty when they agree)."""
+    found: list[Difference] = []
+    for exchange in topology.exchanges:
+        current = live.exchanges.get(exchange.name)
+        if current is None:
+            found.append(Difference("missing", "exchange", exchange.name, "run `topology declare` or start a worker"))
+        else:
+            found.extend(_exchange_mismatches(exchange, current))
+    for queue in topology.queues:
+        current = live.queues.get(queue.name)
+        if current is None:
+            found.append(Difference("missing", "queue", queue.name, "run `topology declare` or start a worker"))
+        else:
+            found.extend(_queue_mismatches(queue, current, vhost, len(live.nodes)))
+    ours = {queue.name for queue in topology.queues}
+    for name, current in sorted(live.queues.items()):
+        if name not in ours and _belongs_to(name, topology.service):
+            found.append(
+                Difference(
+                    "extra",
+                    "queue",
+                    name,
+                    f"no handler of this service uses it; it holds {current.get('messages', 0)} message(s)",
+                )
+            )
+    expected = expected_bindings(topology)
+    for source, destination, _, key in sorted(expected - live.bindings):
+        found.append(Difference("missing", "binding", f"{source} -> {destination} ({key})", "run `topology declare`"))
+    for source, destination, kind, key in sorted(live.bindings - expected):
+        if destination in ours and kind == "queue":
+            found.append(Difference("extra", "binding", f"{source} -> {destination} ({key})", "not declared by us"))
+    return found
+
+
+def _belongs_to(queue: str, service: str) -> bool:
+    return queue.startswith(f"{service}:") or queue.startswith(f"{delays.PREFIX}.")
+
+
+def _exchange_mismatches(exchange: Exchange, current: dict[str, Any]) -> list[Difference]:
+    wanted = {"type": exchange.type, "durable": exchange.durable, **(getattr(exchange, "arguments", None) or {})}
+    actual = {"type": current.get("type"), "durable": current.get("durable"), **(current.get("arguments") or {})}
+    return [
+        Difference("mismatch", "exchange", exchange.name, f"{detail}; delete it, then run `topology declare`")
+        for detail in _compare(wanted, actual)
+    ]
+
+
+def _queue_mismatches(queue: Queue, current: dict[str, Any], vhost: str, nodes: int) -> list[Difference]:
+    wanted = {"durable": queue.durable, **(getattr(queue, "queue_arguments", None) or {})}
+    actual = {"durable": current.get("durable"), **(current.get("arguments") or {})}
+    fix = (
+        f"move its messages elsewhere, delete it (`rabbitmqctl delete_queue {queue.name!r} -p {vhost!r}`), "
+        "then run `topology declare`"
+    )
+    found = [Difference("mismatch", "queue", queue.name, f"{detail}; {fix}") for detail in _compare(wanted, actual)]
+    kept = [argument for argument in PLACEMENT if argument in wanted and argument not in actual]
+    if kept:  # a queue created before: its replicas were placed without these (declare_topology keeps it)
+        found = [difference for difference in found if not any(argument in difference.detail for argument in kept)]
+        found.append(Difference("note", "queue", queue.name, f"created without {', '.join(kept)}: kept as it is"))
+    return found + _replicas(queue, current, int(wanted.get("x-quorum-initial-group-size") or 0), nodes)
+
+
+def _replicas(queue: Queue, current: dict[str, Any], group_size: int, nodes: int) -> list[Difference]:
+    """A quorum queue's replicas: fewer members than configured (0: one per node), no leader, members offline."""
+    members, online = current.get("members"), current.get("online") or []
+    if members is None:  # not a quorum queue, or the management API does not say
+        return []
+    found = []
+    expected = min(group_size or nodes, nodes)
+    if len(members) < expected:
+        found.append(
+            Difference(
+                "under-replicated", "queue", queue.name,
+                f"{len(members)} member(s) of {expected} ({', '.join(members)}); add one with "
+                f"`rabbitmq-queues add_member {queue.name!r} NODE`",
+            )
+        )  # fmt: skip
+    if not current.get("leader"):
+        found.append(Difference("leaderless", "queue", queue.name, "no leader: it delivers nothing"))
+    offline = sorted(set(members) - set(online))
+    if offline:
+        found.append(Difference("note", "queue", queue.name, f"member(s) offline: {', '.join(offline)}"))
+    held = current.get("messages_dlx") or 0
+    if held:
+        found.append(
+            Difference(
+                "note", "queue", queue.name,
+                f"{held} dead-lettered message(s) wait for their target queue's confirm; if the count stays, "
+                f"a node loss stranded them (RabbitMQ 3.10, RELIABILITY.md): restart its leader, "
+                f"{current.get('leader') or '?'}, to send them on",
+            )
+        )  # fmt: skip
+    return found
+
+
+def _compare(wanted: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    unset = "(not set)"
+    return [
+        f"{key} is {actual.get(key, unset)!r} on the broker, this service declares {wanted.get(key, unset)!r}"
+        for key in sorted(set(wanted) | set(actual))
+        if wanted.get(key) != actual.get(key)
+    ]

@@ -1,0 +1,121 @@
+"""Declaring a :class:`~amqp_events.topology.Topology` on a live broker."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from amqp.exceptions import PreconditionFailed
+from kombu import Connection, Queue
+
+from amqp_events.errors import TopologyMismatch
+from amqp_events.topology.layout import PLACEMENT, Topology
+
+logger = logging.getLogger(__name__)
+
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<argument>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']+)'"
+    r" in vhost '(?P<vhost>[^']*)': received (?P<received>.+?) but current is (?P<current>.+)$"
+)
+_VALUE = re.compile(r"^(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?$")
+
+
+def mismatch(error: PreconditionFailed) -> TopologyMismatch:
+    """The broker's refusal of a declaration, as an error that names the entity, the argument and the fix."""
+    reply = str(getattr(error, "reply_text", "") or error)
+    found = _INEQUIVALENT.search(reply)
+    if not found:
+        return TopologyMismatch(f"the broker refused this service's topology: {reply}")
+    kind, name, vhost, argument = found["kind"], found["name"], found["vhost"], found["argument"]
+    current, wanted = _readable(found["current"]), _readable(found["received"])
+    removal = (
+        f"`rabbitmqctl delete_queue {name!r} -p {vhost!r}`"
+        if kind == "queue"
+        else "the management UI or `rabbitmqadmin delete exchange`"
+    )
+    return TopologyMismatch(
+        f"{kind} {name!r} in vhost {vhost!r} already exists with {argument}={current}, but this service "
+        f"declares {argument}={wanted}. RabbitMQ never changes an existing {kind}'s arguments. Fix: move "
+        f"its messages elsewhere and delete it ({removal}), then start the worker again; or change the "
+        f"app's settings so that they match. `amqp-events -A <app> topology check` lists every "
+        "difference.",
+        kind=kind,
+        name=name,
+        argument=argument,
+    )
+
+
+def _readable(value: str) -> str:
+    value = value.strip()
+    if value == "none":
+        return "(not set)"
+    found = _VALUE.match(value)
+    return repr(found["value"]) if found else value
+
+
+def declare_topology(connection: Connection, topology: Topology) -> list[str]:
+    """Declare every exchange, queue and binding of ``topology`` (idempotent).
+
+    Raises :class:`TopologyMismatch` when something exists with other
+    arguments; except that a queue created without the arguments that only
+    place its replicas (by an earlier version, or by hand) is kept as it is:
+    returns the names of such queues (``topology check`` notes them).
+    """
+    kept: list[str] = []
+    channel: Any = connection.channel()
+    try:
+        for exchange in topology.exchanges:
+            exchange.declare(channel=channel)
+        for queue in topology.queues:
+            channel = _declare_queue(connection, channel, queue, kept)
+        for link in topology.bindings:
+            destination: Any = link.destination  # a Queue or an Exchange: both bind the same way
+            destination.bind_to(link.source, routing_key=link.routing_key, channel=channel)
+    except PreconditionFailed as error:
+        raise mismatch(error) from None
+    finally:
+        if channel.is_open:
+            channel.close()
+    if kept:
+        logger.warning(
+            "%d queue(s) exist without %s (created by an earlier version, or by hand) and were kept as they are; "
+            "`amqp-events topology check` shows their replicas: %s",
+            len(kept),
+            " or ".join(PLACEMENT),
+            ", ".join(kept),
+        )
+    return kept
+
+
+def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: list[str]) -> Any:
+    """Declare ``queue``; on a mismatch of a placement argument only, declare it without that argument.
+
+    Returns the channel to go on with (a refused declaration closes its channel).
+    """
+    arguments = dict(getattr(queue, "queue_arguments", None) or {})
+    while True:
+        try:
+            _like(queue, arguments).declare(channel=channel)
+            return channel
+        except PreconditionFailed as error:
+            found = mismatch(error)
+            if found.kind != "queue" or found.argument not in PLACEMENT or found.argument not in arguments:
+                raise found from None
+            del arguments[found.argument]
+            if queue.name not in kept:
+                kept.append(queue.name)
+            channel = connection.channel()
+
+
+def _like(queue: Queue, arguments: dict[str, Any]) -> Queue:
+    if arguments == (getattr(queue, "queue_arguments", None) or {}):
+        return queue
+    return Queue(
+        queue.name,
+        exchange=queue.exchange,
+        routing_key=queue.routing_key,
+        durable=queue.durable,
+        auto_delete=queue.auto_delete,
+        queue_arguments=arguments,
+    )

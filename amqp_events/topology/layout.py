@@ -1,0 +1,220 @@
+"""A service's exchanges, queues and bindings, computed as plain kombu objects.
+
+Nothing here talks to a broker: :mod:`amqp_events.topology.declare` does that. The
+layout (README, "Topology") for a service ``orders`` handling ``E`` events:
+
+* ``events`` (topic): every fired event, routing key = event name.
+* ``orders:<event>`` (quorum queue, one per handled event): bound to
+  ``events`` with the event name, and to the delivery exchange for delayed
+  fires of that event and for messages sent to this queue alone (retries,
+  replays). Rejected messages dead-letter back to it through the delivery
+  exchange so that the worker can count them.
+* ``orders.archive`` (quorum queue, bounded by TTL and length).
+* The delay ladder (:mod:`amqp_events.topology.delays`): 22 exchanges and 22 quorum
+  queues shared by every service on the vhost, the delivery exchange, and
+  ``amqp_events.unroutable`` for delayed messages whose destination is gone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kombu import Exchange, Queue
+
+from amqp_events.settings import Settings
+from amqp_events.topology import delays
+from amqp_events.topology.names import archive_queue_name, check_service_name, event_queue_name
+
+#: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue): an
+#: existing queue declared without them is kept as it is (see :func:`amqp_events.topology.declare.declare_topology`).
+PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
+#: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
+SAFE_DEAD_LETTERING: dict[str, object] = {
+    "x-dead-letter-strategy": "at-least-once",
+    "x-overflow": "reject-publish",
+}
+#: Bounds of the shared unroutable queue; constant so that every service declares it alike.
+UNROUTABLE_TTL_MS = 7 * 24 * 3600 * 1000
+UNROUTABLE_MAX_LENGTH = 10_000
+
+
+def events_exchange(settings: Settings) -> Exchange:
+    return Exchange(settings.exchange, "topic", durable=True, auto_delete=False)
+
+
+def heartbeats_exchange() -> Exchange:
+    """Where workers announce themselves every few seconds (read by ``amqp-events exporter``)."""
+    return Exchange(f"{delays.PREFIX}.heartbeats", "fanout", durable=True, auto_delete=False)
+
+
+def heartbeats_listener(listener: str) -> Queue:
+    """A private queue receiving every heartbeat while ``listener`` (the exporter, the CLI) reads them."""
+    return Queue(
+        f"{delays.PREFIX}.{listener}.{uuid.uuid4().hex[:12]}",
+        exchange=heartbeats_exchange(),
+        exclusive=True,
+        auto_delete=True,
+        durable=False,
+        queue_arguments={"x-message-ttl": 60_000},
+    )
+
+
+def delivery_exchange() -> Exchange:
+    return Exchange(
+        delays.DELIVERY_EXCHANGE,
+        "topic",
+        durable=True,
+        auto_delete=False,
+        arguments={"alternate-exchange": delays.UNROUTABLE},
+    )
+
+
+def bounded(ttl_ms: int, max_length: int) -> dict[str, object]:
+    """Queue arguments for TTL and length bounds, where 0 means "no bound" (not "keep nothing")."""
+    arguments: dict[str, object] = {}
+    if ttl_ms:
+        arguments["x-message-ttl"] = ttl_ms
+    if max_length:
+        arguments["x-max-length"] = max_length
+    return arguments
+
+
+@dataclass(frozen=True)
+class Binding:
+    """``destination`` (a queue or an exchange) receives what ``source`` routes with ``routing_key``.
+
+    A queue's first binding is part of its kombu ``Queue`` (its ``exchange``
+    and ``routing_key``, which Celery's consumer also declares); the others
+    are listed separately because kombu's ``Queue(bindings=...)`` would drop
+    the first one.
+    """
+
+    source: Exchange
+    destination: Queue | Exchange
+    routing_key: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Everything one service needs on the broker, in declaration order."""
+
+    service: str
+    exchanges: tuple[Exchange, ...]
+    queues: tuple[Queue, ...]
+    #: Bindings besides each queue's own exchange and routing key, declared after the queues.
+    bindings: tuple[Binding, ...]
+    #: The queues the service's workers consume (a subset of ``queues``).
+    event_queues: tuple[Queue, ...]
+    archive: Queue
+
+    def queue(self, name: str) -> Queue:
+        for queue in self.queues:
+            if queue.name == name:
+                return queue
+        raise KeyError(name)
+
+
+def quorum(settings: Settings) -> dict[str, object]:
+    """A replicated quorum queue: on ``amqp_events_quorum_group_size`` nodes (or as many as the cluster
+    has), its leader on the node with the fewest leaders."""
+    arguments: dict[str, object] = {"x-queue-type": "quorum", "x-queue-leader-locator": "balanced"}
+    if settings.quorum_group_size:
+        arguments["x-quorum-initial-group-size"] = settings.quorum_group_size
+    return arguments
+
+
+def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[Binding]]:
+    """The shared delay ladder, the delivery exchange and the unroutable catch-all."""
+    unroutable_exchange = Exchange(delays.UNROUTABLE, "fanout", durable=True, auto_delete=False)
+    delivery = delivery_exchange()
+    levels = {
+        level: Exchange(delays.level_name(level), "topic", durable=True, auto_delete=False)
+        for level in range(delays.LEVELS)
+    }
+    exchanges = [unroutable_exchange, delivery, *levels.values()]
+    bindings = []
+    queues = [
+        Queue(
+            delays.UNROUTABLE,
+            exchange=unroutable_exchange,
+            routing_key="",
+            durable=True,
+            auto_delete=False,
+            queue_arguments={**quorum(settings), **bounded(UNROUTABLE_TTL_MS, UNROUTABLE_MAX_LENGTH)},
+        )
+    ]
+    for level, exchange in levels.items():
+        after = levels.get(level - 1, delivery)
+        bindings.append(Binding(exchange, after, delays.bit_pattern(level, "0")))
+        queues.append(
+            Queue(
+                delays.level_name(level),
+                exchange=exchange,
+                routing_key=delays.bit_pattern(level, "1"),
+                durable=True,
+                auto_delete=False,
+                queue_arguments={
+                    **quorum(settings),
+                    **SAFE_DEAD_LETTERING,
+                    "x-message-ttl": delays.level_ttl_ms(level),
+                    "x-dead-letter-exchange": after.name,
+                },
+            )
+        )
+    return exchanges, queues, bindings
+
+
+def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, list[Binding]]:
+    """The queue of ``service`` for ``event``, bound to the events exchange, and its delivery bindings."""
+    name = event_queue_name(service, event)
+    queue = Queue(
+        name,
+        exchange=events_exchange(settings),
+        routing_key=event,
+        durable=True,
+        auto_delete=False,
+        queue_arguments={
+            **quorum(settings),
+            **SAFE_DEAD_LETTERING,
+            # A rejected message comes straight back here, with an x-death entry the worker counts.
+            "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
+            "x-dead-letter-routing-key": delays.routing_key(0, delays.queue_destination(name)),
+        },
+    )
+    delivery = delivery_exchange()
+    return queue, [
+        Binding(delivery, queue, delays.destination_pattern(delays.event_destination(event))),
+        Binding(delivery, queue, delays.destination_pattern(delays.queue_destination(name))),
+    ]
+
+
+def archive_queue(service: str, settings: Settings) -> Queue:
+    return Queue(
+        archive_queue_name(service),
+        exchange=Exchange(""),
+        routing_key=archive_queue_name(service),
+        durable=True,
+        auto_delete=False,
+        queue_arguments={**quorum(settings), **bounded(settings.archive_ttl_ms, settings.archive_max_length)},
+    )
+
+
+def service_topology(service: str, events: Iterable[str], settings: Settings) -> Topology:
+    """The topology of ``service`` handling ``events``."""
+    exchanges, queues, bindings = delay_ladder(settings)
+    event_queues = []
+    for event in sorted(set(events)):
+        queue, delivery_bindings = event_queue(service, event, settings)
+        event_queues.append(queue)
+        bindings.extend(delivery_bindings)
+    archive = archive_queue(service, settings)
+    return Topology(
+        service=check_service_name(service),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange()),
+        queues=(*queues, archive, *event_queues),
+        bindings=tuple(bindings),
+        event_queues=tuple(event_queues),
+        archive=archive,
+    )

@@ -1,0 +1,45 @@
+"""Names of services, events and their queues: what a topology is built from, checked once."""
+
+from __future__ import annotations
+
+import re
+
+from amqp_events.errors import InvalidName
+from amqp_events.topology import delays
+
+_WORD = r"[A-Za-z0-9_-]+"
+_SERVICE = re.compile(rf"^{_WORD}$")
+_EVENT = re.compile(rf"^{_WORD}(\.{_WORD})*$")
+_MAX_QUEUE_NAME = 255 - len(delays.routing_key(0, delays.queue_destination("")))
+
+
+def check_service_name(service: object) -> str:
+    if not isinstance(service, str) or not _SERVICE.match(service):
+        raise InvalidName(
+            f"service name {service!r} must be letters, digits, '_' or '-' (no dots or colons: "
+            "they separate the parts of queue names)"
+        )
+    return service
+
+
+def check_event_name(event: object) -> str:
+    if not isinstance(event, str) or not _EVENT.match(event):
+        raise InvalidName(
+            f"event name {event!r} must be dot-separated words of letters, digits, '_' or '-', "
+            "like 'billing.invoice.paid'"
+        )
+    if event.startswith("celery."):
+        raise InvalidName(f"event name {event!r} is reserved: names starting with 'celery.' are Celery's")
+    return event
+
+
+def event_queue_name(service: str, event: str) -> str:
+    """The queue in which ``service`` receives ``event``."""
+    name = f"{check_service_name(service)}:{check_event_name(event)}"
+    if len(name) > _MAX_QUEUE_NAME:
+        raise InvalidName(f"queue name {name!r} is longer than {_MAX_QUEUE_NAME} characters")
+    return name
+
+
+def archive_queue_name(service: str) -> str:
+    return f"{check_service_name(service)}.archive"

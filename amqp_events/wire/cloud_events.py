@@ -1,0 +1,292 @@
+"""CloudEvents on the events exchange: reading them into the library's messages, and firing them.
+
+A producer in any language fires a CloudEvent (specversion 1.0) to the events
+exchange with the event name as routing key, in either content mode:
+
+* **binary**: the attributes in headers prefixed ``ce-`` (the RabbitMQ and
+  Knative convention; the AMQP binding's ``cloudEvents_`` and ``cloudEvents:``
+  are accepted too), the data as the body, its media type as the message's
+  content type;
+* **structured**: content type ``application/cloudevents+json``, the whole
+  event as a JSON object in the body.
+
+When such a message reaches a worker it is read (with the ``cloudevents``
+SDK, the ``[cloudevents]`` extra) into the library's own message before
+anything else looks at it (:mod:`amqp_events.middleware.cloud_events`):
+
+============== ======================= ===========================================
+CloudEvents    the library             note
+============== ======================= ===========================================
+``type``       event name (``task``)   the handler that runs it
+``id``         event id (``id``)       1 to 64 characters (the inbox's key)
+``source``     ``fired_by``
+``time``       ``fired_at``            optional
+``data``       keyword arguments       a JSON object (absent: no arguments)
+everything     ``cloudevent`` header   kept for the archive: ``archive show``
+============== ======================= ===========================================
+
+From there on it is an ordinary event message: its retries, delays, archived
+copy and replays are in the library's form, carrying the ``cloudevent``
+header. A CloudEvent that cannot be read is archived as it arrived, with a
+reason: ``invalid_cloudevent`` (a required attribute missing, a specversion
+other than 1.0, an attribute of the wrong form), ``forbidden_content_type``
+(data that is not JSON), ``undecodable`` (JSON data that does not parse) or
+``bad_arguments`` (JSON data that is not an object).
+
+Firing as CloudEvents (``amqp_events_wire_format="cloudevents"``, or per event)
+publishes binary mode: ``ce-`` headers and the keyword arguments as a JSON
+object, which any CloudEvents SDK reads, and which this library's workers
+read as above. Everything here is pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+from amqp_events.errors import Refused
+from amqp_events.wire.message import EMPTY_EMBED, FIRED_AT, FIRED_BY, JSON, Reason, isoformat, json_body
+
+#: The header a CloudEvent's attributes are kept in once read into the library's message.
+CLOUDEVENT = "cloudevent"
+SPECVERSION = "1.0"
+STRUCTURED = "application/cloudevents+json"
+#: Header prefixes of binary mode: RabbitMQ's convention first, then the AMQP binding's two.
+PREFIXES = ("ce-", "cloudEvents_", "cloudEvents:")
+REQUIRED = ("specversion", "id", "source", "type")
+#: The wire formats an app or an event fires in.
+WIRE_FORMATS = ("celery", "cloudevents")
+#: JSON media types, as the CloudEvents JSON format recognises them (``application/json``, ``text/json``,
+#: ``application/vnd.x+json``, with parameters).
+_JSON_MEDIA_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9\-\.]+\+)?json(;.*)?$")
+_MAX_ID = 64
+_EXTRAS = "install celery-amqp-events[cloudevents] to read CloudEvents"
+
+
+@dataclass(frozen=True)
+class ReadEvent:
+    """A CloudEvent read into the library's terms."""
+
+    attributes: dict[str, str]
+    kwargs: dict[str, Any]
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        """The event message's headers (plus whatever else the message carried, kept by the caller)."""
+        headers: dict[str, Any] = {
+            "task": self.attributes["type"],
+            "id": self.attributes["id"],
+            FIRED_BY: self.attributes["source"],
+            CLOUDEVENT: dict(self.attributes),
+        }
+        if "time" in self.attributes:
+            headers[FIRED_AT] = self.attributes["time"]
+        return headers
+
+    @property
+    def body(self) -> bytes:
+        return json_body([[], self.kwargs, EMPTY_EMBED])
+
+
+def is_cloud_event(headers: Mapping[str, Any], content_type: str | None) -> bool:
+    """Does this message arrive as a CloudEvent (rather than in the library's own form)?
+
+    A message in the library's form has a ``task`` header; one read from a
+    CloudEvent before carries it too, so it is never read twice.
+    """
+    if "task" in headers:
+        return False
+    if _media_type(content_type).startswith("application/cloudevents"):
+        return True
+    return any(key.startswith(PREFIXES) for key in headers)
+
+
+def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> ReadEvent:
+    """The CloudEvent in a message, in the library's terms; :class:`~amqp_events.errors.Refused` says why not."""
+    try:
+        sdk = _sdk()
+    except ImportError:
+        raise Refused(Reason.UNDECODABLE, f"the message is a CloudEvent: {_EXTRAS}") from None
+    amqp, rabbitmq, json_format, CloudEvent = sdk.amqp, sdk.rabbitmq, sdk.json_format, sdk.CloudEvent
+    media_type = _media_type(content_type)
+    structured = media_type.startswith("application/cloudevents")
+    if structured and media_type != STRUCTURED:
+        raise Refused(Reason.FORBIDDEN_CONTENT_TYPE, f"CloudEvents in {media_type!r} are not read, only {STRUCTURED}")
+    prefixed = {} if structured else _prefixed(headers)  # the attribute headers, scanned for once
+    attributes = _structured_attributes(body) if structured else _binary_attributes(prefixed)
+    _check_required(attributes)
+    datacontenttype = str(attributes.get("datacontenttype") or content_type or JSON)
+    if not _JSON_MEDIA_TYPE.match(datacontenttype):
+        raise Refused(
+            Reason.FORBIDDEN_CONTENT_TYPE, f"the CloudEvent's data is {datacontenttype!r}: only JSON data is accepted"
+        )
+    try:
+        if structured:
+            event = rabbitmq.from_structured(rabbitmq.RabbitMQMessage({}, content_type, body), json_format, CloudEvent)
+        elif not any(key.startswith("ce-") for key in prefixed):  # the AMQP binding's prefixes
+            in_amqp = amqp.AMQPMessage({"content-type": datacontenttype}, prefixed, body)
+            event = amqp.from_binary(in_amqp, json_format, CloudEvent)
+        else:
+            in_rabbitmq = rabbitmq.RabbitMQMessage(_as_strings(prefixed), datacontenttype, body)
+            event = rabbitmq.from_binary(in_rabbitmq, json_format, CloudEvent)
+    except (sdk.BaseCloudEventException, ValueError, TypeError, OverflowError) as exc:
+        raise Refused(Reason.INVALID_CLOUDEVENT, f"not a valid CloudEvent {SPECVERSION}: {exc}") from None
+    return ReadEvent(_attribute_strings(event.get_attributes()), _kwargs(event.get_data(), body, structured))
+
+
+def as_event_message(
+    headers: Mapping[str, Any], body: bytes, content_type: str | None
+) -> tuple[dict[str, Any], bytes] | None:
+    """The headers and JSON body of a CloudEvent read into the library's form, its other headers kept;
+    ``None`` for a message that is not a CloudEvent. Raises :class:`~amqp_events.errors.Refused` for one
+    that cannot be read (it is then archived as it arrived)."""
+    if not is_cloud_event(headers, content_type):
+        return None
+    event = read(headers, body, content_type)
+    kept = {key: value for key, value in headers.items() if not key.startswith(PREFIXES)}
+    if "traceparent" in event.attributes:  # the distributed tracing extension: the same W3C context
+        kept.setdefault("traceparent", event.attributes["traceparent"])
+    return {**kept, **event.headers}, event.body
+
+
+def attributes_of(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> dict[str, str]:
+    """A message's CloudEvents attributes as far as they can be read (for showing archived messages)."""
+    kept = headers.get(CLOUDEVENT)
+    if isinstance(kept, Mapping):
+        return {str(key): str(value) for key, value in kept.items()}
+    if not is_cloud_event(headers, content_type):
+        return {}
+    if _media_type(content_type) == STRUCTURED:
+        try:
+            return _attribute_strings(_structured_attributes(body))
+        except Refused:
+            return {}
+    return _attribute_strings(_binary_attributes(_prefixed(headers)))
+
+
+def binary_headers(name: str, event_id: str, source: str, time: datetime) -> dict[str, str]:
+    """The ``ce-`` headers of an event fired in binary mode, written by the SDK (its data is the JSON body)."""
+    try:
+        sdk = _sdk()
+    except ImportError:
+        raise ImportError("install celery-amqp-events[cloudevents] to fire CloudEvents") from None
+    attributes = {"specversion": SPECVERSION, "id": event_id, "source": source, "type": name, "time": time}
+    headers: dict[str, str] = sdk.rabbitmq.to_binary(sdk.CloudEvent(attributes), sdk.json_format).headers
+    return headers
+
+
+@functools.cache
+def _sdk() -> SimpleNamespace:
+    """The parts of the ``cloudevents`` SDK used here, imported once (ImportError without the extra)."""
+    from cloudevents.core.bindings import amqp, rabbitmq
+    from cloudevents.core.exceptions import BaseCloudEventException
+    from cloudevents.core.formats.json import JSONFormat
+    from cloudevents.core.v1.event import CloudEvent
+
+    return SimpleNamespace(
+        amqp=amqp,
+        rabbitmq=rabbitmq,
+        json_format=JSONFormat(),
+        CloudEvent=CloudEvent,
+        BaseCloudEventException=BaseCloudEventException,
+    )
+
+
+def check_wire_format(wire_format: str) -> str:
+    if wire_format not in WIRE_FORMATS:
+        raise ValueError(f"wire_format must be one of {', '.join(WIRE_FORMATS)}, not {wire_format!r}")
+    return wire_format
+
+
+# -- reading attributes ---------------------------------------------------------------------------------
+
+
+def _media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _prefixed(headers: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: _plain(value) for key, value in headers.items() if key.startswith(PREFIXES)}
+
+
+def _binary_attributes(prefixed: Mapping[str, Any]) -> dict[str, Any]:
+    """Attribute names and values of the headers :func:`_prefixed` found."""
+    return {_unprefixed(key): value for key, value in prefixed.items()}
+
+
+def _unprefixed(key: str) -> str:
+    prefix = next(prefix for prefix in PREFIXES if key.startswith(prefix))
+    return key[len(prefix) :].lower()
+
+
+def _structured_attributes(body: bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Refused(Reason.UNDECODABLE, f"a structured CloudEvent whose body is not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise Refused(Reason.INVALID_CLOUDEVENT, "a structured CloudEvent must be a JSON object")
+    return {key: value for key, value in event.items() if key not in ("data", "data_base64")}
+
+
+def _check_required(attributes: Mapping[str, Any]) -> None:
+    missing = [name for name in REQUIRED if attributes.get(name) in (None, "")]
+    if missing:
+        raise Refused(
+            Reason.INVALID_CLOUDEVENT,
+            f"the CloudEvent has no {', '.join(repr(name) for name in missing)} (required: {', '.join(REQUIRED)})",
+        )
+    if attributes["specversion"] != SPECVERSION:
+        raise Refused(
+            Reason.INVALID_CLOUDEVENT,
+            f"CloudEvents specversion {attributes['specversion']!r} is not supported (only {SPECVERSION!r})",
+        )
+    if len(str(attributes["id"])) > _MAX_ID:
+        raise Refused(
+            Reason.INVALID_CLOUDEVENT,
+            f"the CloudEvent's id is {len(str(attributes['id']))} characters long: at most {_MAX_ID} are kept",
+        )
+
+
+def _kwargs(data: Any, body: bytes, structured: bool) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if isinstance(data, dict):
+        return data
+    if isinstance(data, (bytes, bytearray)):
+        raise Refused(Reason.FORBIDDEN_CONTENT_TYPE, "the CloudEvent's data is binary (data_base64): JSON expected")
+    if isinstance(data, str) and not structured:  # the SDK hands over text it could not parse as JSON
+        try:
+            json.loads(body)
+        except ValueError as exc:
+            raise Refused(Reason.UNDECODABLE, f"the CloudEvent's data is not valid JSON: {exc}") from None
+    raise Refused(
+        Reason.BAD_ARGUMENTS,
+        f"the CloudEvent's data must be a JSON object (the handler's keyword arguments), not {type(data).__name__}",
+    )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, datetime):
+        return isoformat(value)
+    return value
+
+
+def _as_strings(headers: Mapping[str, Any]) -> dict[str, str]:
+    return {key: value if isinstance(value, str) else str(value) for key, value in headers.items()}
+
+
+def _attribute_strings(attributes: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        str(key): isoformat(value) if isinstance(value, datetime) else str(value)
+        for key, value in attributes.items()
+        if value is not None
+    }

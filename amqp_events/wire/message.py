@@ -1,0 +1,286 @@
+"""Event messages on the wire: Celery's task protocol 2 plus a few documented headers.
+
+An event is an ordinary Celery task message, so a plain ``celery worker``
+runs it: the ``task`` header is the event name, ``id`` is the event id and
+``retries`` counts the retries so far. The library adds:
+
+==================== ========================================================
+``fired_at``         ISO-8601 UTC time the event was fired (kept across retries)
+``fired_by``         the service that fired it
+``first_failure_at`` ISO-8601 UTC time its handler first failed (retries only)
+``due_at``           ISO-8601 UTC time a delayed copy's wait ends (delayed only)
+``lost_runs``        how many times the process running it died (redelivered copies)
+``section_retries``  retries used per ``retry`` section of the handler, by section name
+``failed_section``   the section whose failure caused this retry (absent: the handler's own policy)
+==================== ========================================================
+
+Archived copies carry the ``archive_*`` headers of :mod:`amqp_events.wire.archived`.
+Everything here is pure: building and reading messages, no I/O.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any
+
+from kombu.utils.json import dumps as json_dumps
+
+from amqp_events.topology import delays
+
+FIRED_AT = "fired_at"
+FIRED_BY = "fired_by"
+FIRST_FAILURE_AT = "first_failure_at"
+DUE_AT = "due_at"
+LOST_RUNS = "lost_runs"
+SECTION_RETRIES = "section_retries"
+FAILED_SECTION = "failed_section"
+#: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).
+ENVELOPE = ("task", "id", "root_id", "parent_id", "group", "origin", "lang", "retries")
+
+#: Headers RabbitMQ adds on dead-lettering and redelivery.
+X_DEATH = "x-death"
+X_DELIVERY_COUNT = "x-delivery-count"
+
+EMPTY_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+JSON = "application/json"
+
+
+def isoformat(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat()
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A header timestamp back to an aware datetime (``None`` when absent or unreadable)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    if isinstance(value, str):
+        try:
+            return parse_time(datetime.fromisoformat(value))
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message ready for :mod:`amqp_events.publisher`.
+
+    ``body`` is serialised as JSON unless ``content_type`` is given, in which
+    case it must already be ``bytes`` (archived copies keep the original bytes).
+    """
+
+    exchange: str
+    routing_key: str
+    headers: dict[str, Any]
+    body: Any
+    message_id: str
+    content_type: str | None = None
+    content_encoding: str | None = None
+
+    @property
+    def event(self) -> str:
+        """The event it fires, in either wire format."""
+        return event_name(self.headers)
+
+    @property
+    def delayed(self) -> bool:
+        """Does it wait on the delay ladder first?"""
+        return self.exchange == delays.ENTRY_EXCHANGE
+
+    def after(self, delay: int, destination: str, now: datetime) -> OutgoingMessage:
+        """This message, waiting ``delay`` whole seconds on the ladder before it reaches ``destination``.
+
+        The one place a delayed copy is addressed: a delayed fire, a retry.
+        """
+        if not delay:
+            return self
+        return replace(
+            self,
+            exchange=delays.ENTRY_EXCHANGE,
+            routing_key=delays.routing_key(delay, destination),
+            headers={**self.headers, DUE_AT: isoformat(now + timedelta(seconds=delay))},
+        )
+
+
+def event_envelope(
+    name: str,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: Mapping[str, Any],
+    fired_by: str,
+    now: datetime,
+    event_id: str | None = None,
+) -> tuple[dict[str, Any], list[Any]]:
+    """Headers and body of an event fired ``now`` (under a new id unless ``event_id`` is given)."""
+    # Only what a worker needs: Celery reads every other protocol-2 header with a default.
+    headers = {
+        "task": name,
+        "id": new_event_id(event_id),
+        FIRED_AT: isoformat(now),
+        FIRED_BY: fired_by,
+    }
+    return headers, [list(args), dict(kwargs), EMPTY_EMBED]
+
+
+def new_event_id(given: str | None = None) -> str:
+    """The id of a newly fired event: ``given`` (checked), or a new UUID."""
+    if given is None:
+        return str(uuid.uuid4())
+    if not (isinstance(given, str) and 0 < len(given.strip()) == len(given) <= 64):
+        # 64: the width of the outbox's and the inbox's event id columns.
+        raise ValueError(f"an event id must be a string of 1 to 64 characters without outer spaces, not {given!r}")
+    return given
+
+
+def event_name(headers: Mapping[str, Any]) -> str:
+    """The event a message fires: its ``task`` header, or its ``ce-type`` (:mod:`amqp_events.cloud_events`)."""
+    return str(headers.get("task") or headers.get("ce-type") or "")
+
+
+def event_id(headers: Mapping[str, Any]) -> str:
+    """The event id of a message: its ``id`` header, or its ``ce-id``."""
+    return str(headers.get("id") or headers.get("ce-id") or "")
+
+
+def json_body(body: Any) -> bytes:
+    """``body`` serialised exactly as kombu serialises a JSON message."""
+    text: str = json_dumps(body)
+    return text.encode("utf-8")
+
+
+def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dict[str, Any]:
+    """Headers for a new copy of ``original`` (a retry, a replay): the event's own and the
+    application's headers are kept; the broker's history, archive records and per-copy timing are not.
+    A copy that starts over (``retries`` 0, a replay) starts its sections' counts over too."""
+    headers = {key: value for key, value in original.items() if not _one_copy_only(key)}
+    if not retries:
+        headers.pop(SECTION_RETRIES, None)
+        headers.pop(FAILED_SECTION, None)
+    headers["retries"] = retries
+    headers.update({key: value for key, value in extra.items() if value is not None})
+    return headers
+
+
+def _one_copy_only(key: str) -> bool:
+    return key.startswith("x-") or key in ARCHIVE_HEADERS or key in (DUE_AT, LOST_RUNS)
+
+
+@dataclass(frozen=True)
+class EventMetadata:
+    """What a handler may want to know about the event it is running for.
+
+    Read it inside a handler with :func:`amqp_events.current_event`.
+    """
+
+    id: str
+    name: str
+    #: When the event was fired (not when it is being handled): use it for time-window checks.
+    fired_at: datetime | None
+    fired_by: str | None
+    #: 1 for the first run, 2 for the first retry, ...
+    attempt: int
+    #: The handler section (:mod:`amqp_events.sections`) whose failure caused this retry, if one did.
+    failed_section: str | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, Any]) -> EventMetadata:
+        return cls(
+            id=str(headers.get("id")),
+            name=str(headers.get("task")),
+            fired_at=parse_time(headers.get(FIRED_AT)),
+            fired_by=headers.get(FIRED_BY),
+            attempt=int(headers.get("retries") or 0) + 1,
+            failed_section=headers.get(FAILED_SECTION) or None,
+        )
+
+
+def section_retries(headers: Mapping[str, Any]) -> dict[str, int]:
+    """Retries used so far per ``retry`` section (the ``section_retries`` header; unreadable entries skipped)."""
+    counts = headers.get(SECTION_RETRIES)
+    if not isinstance(counts, Mapping):
+        return {}
+    return {str(name): n for name, n in counts.items() if isinstance(n, int) and n >= 0}
+
+
+def queue_wait(headers: Mapping[str, Any], now: datetime) -> float | None:
+    """Seconds a message waited in its queue: since it was due (fired, or its delay over)."""
+    due = parse_time(headers.get(DUE_AT)) or parse_time(headers.get(FIRED_AT))
+    return None if due is None else (now - due).total_seconds()
+
+
+def was_rejected(headers: Mapping[str, Any], queue: str) -> bool:
+    """Did ``queue`` dead-letter this message as rejected (it came back to be counted)?"""
+    deaths = headers.get(X_DEATH) or []
+    return any(
+        isinstance(death, Mapping) and death.get("queue") == queue and death.get("reason") == "rejected"
+        for death in deaths
+    )
+
+
+def earlier_deliveries(headers: Mapping[str, Any]) -> int:
+    """How many times the broker delivered this message before without an ack or a reject."""
+    try:
+        return int(headers.get(X_DELIVERY_COUNT) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+# -- the headers of archived copies (built and read in amqp_events.wire.archived) --------------------
+
+ARCHIVE_REASON = "archive_reason"
+ARCHIVE_SERVICE = "archive_service"
+ARCHIVE_HANDLER = "archive_handler"
+ARCHIVE_QUEUE = "archive_queue"
+ARCHIVE_EXCHANGE = "archive_exchange"
+ARCHIVE_ROUTING_KEY = "archive_routing_key"
+ARCHIVE_EXCEPTION_TYPE = "archive_exception_type"
+ARCHIVE_EXCEPTION_MESSAGE = "archive_exception_message"
+ARCHIVE_TRACEBACK = "archive_traceback"
+ARCHIVE_ATTEMPTS = "archive_attempts"
+ARCHIVE_SECTION = "archive_section"
+ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
+ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
+ARCHIVED_AT = "archived_at"
+#: W3C ``traceparent`` of the attempt that archived the message (with tracing on).
+ARCHIVE_TRACEPARENT = "archive_traceparent"
+#: W3C ``traceparent`` of the replay that sent the message back (with tracing on; kept through its retries).
+REPLAY_TRACEPARENT = "replay_traceparent"
+ARCHIVE_HEADERS = (
+    ARCHIVE_REASON,
+    ARCHIVE_SERVICE,
+    ARCHIVE_HANDLER,
+    ARCHIVE_QUEUE,
+    ARCHIVE_EXCHANGE,
+    ARCHIVE_ROUTING_KEY,
+    ARCHIVE_EXCEPTION_TYPE,
+    ARCHIVE_EXCEPTION_MESSAGE,
+    ARCHIVE_TRACEBACK,
+    ARCHIVE_ATTEMPTS,
+    ARCHIVE_SECTION,
+    ARCHIVE_FIRST_FAILURE_AT,
+    ARCHIVE_LAST_FAILURE_AT,
+    ARCHIVED_AT,
+    ARCHIVE_TRACEPARENT,
+)
+
+
+class Reason(str, Enum):
+    """Why a message was archived (the ``archive_reason`` header)."""
+
+    MAX_RETRIES = "max_retries"
+    NON_RETRYABLE = "non_retryable"
+    WORKER_LOST = "worker_lost"
+    UNDECODABLE = "undecodable"
+    FORBIDDEN_CONTENT_TYPE = "forbidden_content_type"
+    UNKNOWN_EVENT = "unknown_event"
+    BAD_ARGUMENTS = "bad_arguments"
+    #: It failed inside a ``poisonous()`` section: it can never succeed on a retry.
+    POISONOUS = "poisonous"
+    #: A CloudEvent without a required attribute, of another specversion, or with a malformed attribute.
+    INVALID_CLOUDEVENT = "invalid_cloudevent"
+
+    def __str__(self) -> str:
+        return self.value
