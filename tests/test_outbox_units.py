@@ -9,7 +9,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from amqp_events import events_app
 from amqp_events.outbox.schema import WRITTEN, outbox_tables
 from amqp_events.outbox.store import OutboxRow, row_values
-from amqp_events.outbox.writer import target_of
+from amqp_events.outbox.targets import target_of
 from amqp_events.settings import Settings
 from amqp_events.wire.message import OutgoingMessage
 

@@ -39,7 +39,7 @@ from amqp_events.wire import cloud_events
 from amqp_events.wire.message import OutgoingMessage
 
 if TYPE_CHECKING:
-    from amqp_events.celery.outbox import OutboxFacade
+    from amqp_events.celery.outbox import Outbox
     from amqp_events.outbox.store import OutboxStore
 
 T = TypeVar("T")
@@ -148,8 +148,8 @@ class EventsApp(EventsCelery):
 
     def close(self) -> None:
         """Close the app's connections, the publisher's included, and stop its in-process outbox relay."""
-        if "outbox_facade" in self.__dict__:
-            self.outbox_facade.stop()
+        if "service_outbox" in self.__dict__:
+            self.service_outbox.stop()
         if "rabbitmq" in self.__dict__:
             self.rabbitmq.close()
         super().close()
@@ -227,10 +227,11 @@ class EventsApp(EventsCelery):
     # -- the transactional outbox -------------------------------------------------------------------------
 
     @cached_property
-    def outbox_facade(self) -> OutboxFacade:
-        from amqp_events.celery.outbox import OutboxFacade
+    def service_outbox(self) -> Outbox:
+        """The service's outbox (imported on first use: the ``[sqlalchemy]`` extra)."""
+        from amqp_events.celery.outbox import Outbox
 
-        return OutboxFacade(self)
+        return Outbox(self.context, self.outbox_url)
 
     def outbox(self, transaction: Any) -> Any:
         """Fire into the application's own transaction: inside the block, firing writes a row instead of publishing.
@@ -245,7 +246,8 @@ class EventsApp(EventsCelery):
                 with app.outbox(session):
                     invoice_paid(invoice.id, invoice.amount)
         """
-        return self.outbox_facade.writing(transaction)
+        # The in-process mode relays when the test asks it to: no relay thread then.
+        return self.service_outbox.writing(transaction, relayed=self._stand_in is None)
 
     @property
     def outbox_url(self) -> str:
@@ -254,7 +256,7 @@ class EventsApp(EventsCelery):
 
     def outbox_store(self, url: str | None = None, engine: Any = None) -> OutboxStore:
         """The outbox on ``engine``, or on the database at ``url`` (default: :attr:`outbox_url`)."""
-        return self.outbox_facade.store(url, engine)
+        return self.service_outbox.store(url, engine)
 
     # -- consuming ----------------------------------------------------------------------------------------
 

@@ -3,29 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
+from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from celery import Task
 
 from amqp_events.celery.task import EventHandler
-from amqp_events.core.events import Event, event_class
+from amqp_events.core.events import Event, Fires, event_class
 from amqp_events.core.handler import Handler
 from amqp_events.errors import DuplicateHandler
 from amqp_events.topology import check_event_name, event_queue_name
 from amqp_events.wire import cloud_events
-
-if TYPE_CHECKING:
-    from amqp_events.celery.app import EventsApp
 
 P = ParamSpec("P")
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
 
 
+class Registry(Fires, Protocol):
+    """What the decorators need of an app (:class:`amqp_events.celery.EventsApp`)."""
+
+    handlers: dict[str, Handler]
+    declared_events: dict[str, Any]
+
+    def add_handler(self, handler: Handler) -> None: ...
+
+    def task(self, *args: Any, **options: Any) -> Any: ...
+
+    def register_task(self, task: Any, **options: Any) -> Any: ...
+
+
 class EventDecorator:
     """What ``@app.event(name)`` returns: makes an :class:`~amqp_events.core.events.Event` or an event class."""
 
-    def __init__(self, app: EventsApp, name: str, wire_format: str | None = None) -> None:
+    def __init__(self, app: Registry, name: str, wire_format: str | None = None) -> None:
         self.app, self.name = app, check_event_name(name)
         self.wire_format = None if wire_format is None else cloud_events.check_wire_format(wire_format)
 
@@ -44,7 +54,7 @@ class EventDecorator:
 class HandlerDecorator:
     """What ``@app.handler(event, ...)`` returns: registers a function or a ``celery.Task`` subclass."""
 
-    def __init__(self, app: EventsApp, event: str | type, bind: bool, options: dict[str, Any]) -> None:
+    def __init__(self, app: Registry, event: str | type, bind: bool, options: dict[str, Any]) -> None:
         self.app, self.bind, self.options = app, bind, options
         self.event_class = event if isinstance(event, type) else None
         self.event = check_event_name(event if isinstance(event, str) else getattr(event, "event_name", None))

@@ -8,49 +8,48 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from amqp_events.core.context import ServiceContext
 from amqp_events.core.firing import sending_to
 from amqp_events.outbox.relay import RelayThread
 from amqp_events.outbox.schema import OutboxTables, outbox_tables
 from amqp_events.outbox.store import OutboxStore
-from amqp_events.outbox.writer import OutboxWriter, target_of
+from amqp_events.outbox.targets import target_of
+from amqp_events.outbox.writer import OutboxWriter
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from amqp_events.celery.app import EventsApp
 
+class Outbox:
+    """The outbox of a service whose default database is ``url``."""
 
-class OutboxFacade:
-    def __init__(self, app: EventsApp) -> None:
-        self.app = app
+    def __init__(self, context: ServiceContext, url: str) -> None:
+        settings = context.settings
+        self.service, self.settings, self.url = context.name, settings, url
+        self.tables: OutboxTables = outbox_tables(settings.outbox_table, settings.outbox_schema)
 
     @contextmanager
-    def writing(self, transaction: Any) -> Iterator[OutboxWriter]:
-        """Inside the block, what the app fires is written on ``transaction`` (see ``EventsApp.outbox``)."""
-        in_process = self.app._stand_in is not None  # the in-process mode relays when the test asks it to
-        writer = OutboxWriter(self.app.service, target_of(transaction, self.tables), None if in_process else self.relay)
+    def writing(self, transaction: Any, relayed: bool) -> Iterator[OutboxWriter]:
+        """Inside the block, what the service fires is written on ``transaction`` (see ``EventsApp.outbox``);
+        ``relayed``: wake the in-process relay, if configured, after the transaction commits."""
+        relay = self.relay if relayed else None
+        writer = OutboxWriter(self.service, target_of(transaction, self.tables), relay)
         with sending_to(writer):
             yield writer
 
-    @cached_property
-    def tables(self) -> OutboxTables:
-        settings = self.app.events_settings
-        return outbox_tables(settings.outbox_table, settings.outbox_schema)
-
     def store(self, url: str | None = None, engine: Engine | None = None) -> OutboxStore:
-        """The outbox on ``engine``, or on the database at ``url`` (default: the app's ``outbox_url``)."""
+        """The outbox on ``engine``, or on the database at ``url`` (default: the service's)."""
         from sqlalchemy import create_engine
 
-        engine = engine or create_engine(url or self.app.outbox_url, pool_pre_ping=True)
-        return OutboxStore(engine, self.tables, self.app.events_settings.outbox_max_attempts)
+        engine = engine or create_engine(url or self.url, pool_pre_ping=True)
+        return OutboxStore(engine, self.tables, self.settings.outbox_max_attempts)
 
     @cached_property
     def relay(self) -> RelayThread | None:
         """The in-process relay (``amqp_events_outbox_relay``), started on the first outbox write."""
-        settings = self.app.events_settings
-        if not settings.outbox_relay:
+        if not self.settings.outbox_relay:
             return None
-        return RelayThread(self.app.service, lambda engine: self.store(engine=engine), bool(settings.outbox_url))
+        return RelayThread(self.service, lambda engine: self.store(engine=engine), bool(self.settings.outbox_url))
 
     def stop(self) -> None:
         relay = self.__dict__.get("relay")

@@ -23,7 +23,7 @@ SERVICE_OPTION = click.option("--service", help="Another service's archive (defa
 
 
 def archive_of(service: str | None) -> Archive:
-    return Archive(current_context().app, service)
+    return current_context().app.archive(service)
 
 
 def choosing(verb: str | None = None) -> Callable[[F], F]:

@@ -87,7 +87,9 @@ def outbox_relay(
     from amqp_events.outbox.relay import Relay
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s: %(levelname)s] %(message)s")
-    relay = Relay(current_context().app, store_of(url), batch_size=batch, lease=lease, poll_interval=poll_interval)
+    relay = Relay(
+        current_context().app.context, store_of(url), batch_size=batch, lease=lease, poll_interval=poll_interval
+    )
     if metrics_port:
         from prometheus_client import start_http_server
 

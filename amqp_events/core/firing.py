@@ -98,8 +98,12 @@ def fire(
             raise TopologyMissing(_NO_LADDER.format(event=event)) from exc
         raise
     fired(firing, "confirmed" if routed else "unroutable")
-    if message.delayed and not routed:
-        raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
+    if not routed:
+        if message.delayed:
+            raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
+        logger.debug(
+            "fired event=%s service=%s id=%s: no service subscribes to it", event, context.name, message.message_id
+        )
     return message.message_id
 
 

@@ -22,67 +22,12 @@ key inserted first, and receives the connection as its first argument.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from amqp_events.inbox.base import EffectKey
 from amqp_events.outbox.schema import DEFAULT_TABLE, OutboxTables, outbox_tables
-
-if TYPE_CHECKING:
-    from sqlalchemy import URL, Engine
-    from sqlalchemy.engine import Dialect
-
-#: Django database vendors the outbox supports, and the SQLAlchemy URL scheme of each.
-SCHEMES = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite"}
-
-
-class DjangoTarget:
-    """A Django database connection: rows go through its cursor, in the current ``atomic()`` block."""
-
-    def __init__(self, connection: Any, tables: OutboxTables) -> None:
-        self.connection = connection
-        quote = connection.ops.quote_name
-        table = tables.rows
-        self.table = f"{quote(table.schema)}.{quote(table.name)}" if table.schema else quote(table.name)
-
-    def insert(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        columns = list(rows[0])
-        quote = self.connection.ops.quote_name
-        sql = (
-            f"INSERT INTO {self.table} ({', '.join(quote(column) for column in columns)}) "
-            f"VALUES ({', '.join(['%s'] * len(columns))})"
-        )
-        with self.connection.cursor() as cursor:
-            cursor.executemany(sql, [[row[column] for column in columns] for row in rows])
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        from django.db import transaction
-
-        transaction.on_commit(callback, using=self.connection.alias)
-
-    def engine(self) -> Engine | None:
-        from sqlalchemy import create_engine
-
-        return create_engine(database_url(self.connection), pool_pre_ping=True)
-
-
-def database_url(connection: Any) -> URL:
-    """The SQLAlchemy URL of a Django connection's database (for a relay)."""
-    from sqlalchemy import URL
-
-    scheme = _scheme(connection.vendor)
-    settings = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return URL.create(scheme, database=str(settings["NAME"]))
-    return URL.create(
-        scheme,
-        username=settings.get("USER") or None,
-        password=settings.get("PASSWORD") or None,
-        host=settings.get("HOST") or None,
-        port=int(settings["PORT"]) if settings.get("PORT") else None,
-        database=settings.get("NAME") or None,
-    )
 
 
 def django_tables() -> OutboxTables:
@@ -138,16 +83,3 @@ class DjangoInbox:
             pruned += deleted
             if deleted < batch:
                 return pruned
-
-
-def dialect_of(connection: Any) -> Dialect:
-    from sqlalchemy import create_engine
-
-    return create_engine(f"{_scheme(connection.vendor)}://").dialect
-
-
-def _scheme(vendor: str) -> str:
-    try:
-        return SCHEMES[vendor]
-    except KeyError:
-        raise NotImplementedError(f"the outbox supports {' and '.join(SCHEMES)} databases, not {vendor}") from None

@@ -48,7 +48,7 @@ from amqp_events.wire.message import OutgoingMessage
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from amqp_events.outbox.writer import Target
+    from amqp_events.outbox.targets import Target
 
 logger = logging.getLogger(__name__)
 

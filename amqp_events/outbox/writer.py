@@ -16,31 +16,17 @@ in-process relay (when enabled) is woken.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from amqp_events.core.context import Firing
 from amqp_events.core.firing import fired
-from amqp_events.outbox.schema import OutboxTables
-from amqp_events.outbox.store import insert_rows, row_values
+from amqp_events.outbox.store import row_values
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
     from amqp_events.outbox.relay import RelayThread
-
-
-class Target(Protocol):
-    """A database handle rows can be written on."""
-
-    def insert(self, rows: Sequence[Mapping[str, Any]]) -> None: ...
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the transaction the rows were written in commits."""
-
-    def engine(self) -> Engine | None:
-        """An engine on the same database, for a relay (``None``: use ``amqp_events_outbox_url``)."""
+    from amqp_events.outbox.targets import Target
 
 
 class OutboxWriter:
@@ -91,63 +77,3 @@ class OutboxWriter:
             relay.wake()
 
         self.target.after_commit(wake)
-
-
-def target_of(handle: Any, tables: OutboxTables) -> Target:
-    """The adapter for ``handle``: a SQLAlchemy Session or Connection, or a Django connection."""
-    try:
-        from sqlalchemy import Connection
-        from sqlalchemy.orm import Session
-    except ImportError:  # SQLAlchemy is an optional extra
-        Connection = Session = ()  # type: ignore[assignment,misc]
-    if isinstance(handle, Session):
-        return SessionTarget(handle, tables)
-    if isinstance(handle, Connection):
-        return ConnectionTarget(handle, tables)
-    if type(handle).__module__.startswith("django.") and hasattr(handle, "vendor"):  # also django.db.connection
-        from amqp_events.django import DjangoTarget
-
-        return DjangoTarget(handle, tables)
-    raise TypeError(
-        f"app.outbox() takes a SQLAlchemy Session or Connection, or a Django database connection, "
-        f"not {type(handle).__qualname__} (pip install 'celery-amqp-events[sqlalchemy]' or '[django]')"
-    )
-
-
-class SessionTarget:
-    """A SQLAlchemy ORM ``Session``: rows go on its connection, in its current transaction."""
-
-    def __init__(self, session: Any, tables: OutboxTables) -> None:
-        self.session, self.tables = session, tables
-
-    def insert(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        insert_rows(self.session.connection(), self.tables, rows)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        from sqlalchemy import event
-
-        event.listen(self.session, "after_commit", lambda session: callback(), once=True)
-
-    def engine(self) -> Engine | None:
-        bind = self.session.get_bind()
-        return getattr(bind, "engine", bind)  # type: ignore[no-any-return]
-
-
-class ConnectionTarget:
-    """A SQLAlchemy Core ``Connection``: rows go in its current transaction."""
-
-    def __init__(self, connection: Any, tables: OutboxTables) -> None:
-        self.connection, self.tables = connection, tables
-
-    def insert(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        insert_rows(self.connection, self.tables, rows)
-
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        # Core has no after-commit event; "commit" comes just before it. The relay looks again shortly
-        # after a wake-up that found nothing (see Relay.wake), so the rows are not missed.
-        from sqlalchemy import event
-
-        event.listen(self.connection, "commit", lambda connection: callback(), once=True)
-
-    def engine(self) -> Engine | None:
-        return self.connection.engine  # type: ignore[no-any-return]

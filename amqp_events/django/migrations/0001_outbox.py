@@ -2,7 +2,8 @@
 
 from django.db import migrations
 
-from amqp_events.django import dialect_of, django_tables
+from amqp_events.django import django_tables
+from amqp_events.outbox.targets import dialect_of
 
 
 def create_outbox(apps, schema_editor):

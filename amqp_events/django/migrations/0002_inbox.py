@@ -3,8 +3,9 @@
 from django.db import migrations
 
 from amqp_events.database import create_statements
-from amqp_events.django import dialect_of, inbox_table_name
+from amqp_events.django import inbox_table_name
 from amqp_events.inbox.sql import inbox_table
+from amqp_events.outbox.targets import dialect_of
 
 
 def create_inbox(apps, schema_editor):
