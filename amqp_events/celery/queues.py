@@ -5,6 +5,7 @@ Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, tests/tes
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,8 +45,9 @@ class EventQueues(Queues):  # type: ignore[misc]
             if not dict.__contains__(self, queue.name):
                 # The worker declares its topology on every connection, before consuming (EventConsumer.connect),
                 # keeping a queue an earlier version made without the replica-placement arguments: Celery's own
-                # declaration, with every argument, would then be refused.
-                queue.no_declare = True  # kombu's attribute
+                # declaration, with every argument, would then be refused. A copy: the topology still declares it.
+                queue = copy.copy(queue)
+                queue.no_declare = True
                 self[queue.name] = queue
                 if consumed_by_default is not None:
                     consumed_by_default[queue.name] = queue
