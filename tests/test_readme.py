@@ -321,3 +321,29 @@ def test_the_circuit_breaker_example_works_as_written(tmp_path, start_worker, br
     )  # its probe awaits a message
     assert "health   unhealthy  bank-api" in listed.output, listed.output
     producer.close()
+
+
+def test_the_middleware_example_works_as_written(tmp_path, start_worker, broker_url, producer, monkeypatch):
+    write_blocks(tmp_path, broker_url, "audit/celery.py")
+    audit = tmp_path / "archived.jsonl"
+    start_worker("audit.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    event_id = producer.fire("billing.invoice.paid", [42, "10.00"], {})
+    wait_for(lambda: audit.exists() and audit.read_text().strip(), 30, what="the audit line")
+    line = json.loads(audit.read_text())
+    assert (line["service"], line["event"], line["id"], line["reason"]) == (
+        "audit",
+        "billing.invoice.paid",
+        event_id,
+        "max_retries",
+    )
+    # The same middleware in the in-process mode: it is the app's, wherever the app's handlers run.
+    from amqp_events.testing import in_process
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    audit.unlink()
+    from audit.celery import app
+
+    with in_process(app):
+        app.fire("billing.invoice.paid", [7, "1.00"], {})
+    assert json.loads(audit.read_text())["reason"] == "max_retries"
