@@ -9,9 +9,7 @@ in-process mode of :mod:`amqp_events.testing` sees the virtual time too.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import datetime, timezone
 from typing import Protocol
 
@@ -39,11 +37,10 @@ def utcnow() -> datetime:
     return _running.get().now()
 
 
-@contextmanager
-def reading(clock: Clock) -> Iterator[None]:
-    """Inside the block (in this context only), :func:`utcnow` reads ``clock``."""
-    token = _running.set(clock)
-    try:
-        yield
-    finally:
-        _running.reset(token)
+def start_reading(clock: Clock) -> Token[Clock]:
+    """From now on (in this context only), :func:`utcnow` reads ``clock``, until :func:`stop_reading`."""
+    return _running.set(clock)
+
+
+def stop_reading(token: Token[Clock]) -> None:
+    _running.reset(token)

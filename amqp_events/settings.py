@@ -29,12 +29,14 @@ CELERY_DEFAULTS: dict[str, Any] = {
     "worker_prefetch_multiplier": 16,
 }
 
-#: Environment variables read when an app is created, and the setting each one fills.
-ENVIRONMENT: dict[str, str] = {
-    "AMQP_EVENTS_MAX_RETRIES": "amqp_events_max_retries",
-    "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": "amqp_events_archive_ttl_ms",
-    "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "amqp_events_archive_max_length",
-    "AMQP_EVENTS_METRICS_PORT": "amqp_events_metrics_port",
+#: Environment variables read when an app is created: the setting each one fills, and its type.
+ENVIRONMENT: dict[str, tuple[str, str]] = {
+    # Where `amqp-events broker start` says its node is: for an app made without a broker_url.
+    "AMQP_EVENTS_BROKER_URL": ("broker_url", "str"),
+    "AMQP_EVENTS_MAX_RETRIES": ("amqp_events_max_retries", "int"),
+    "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": ("amqp_events_archive_ttl_ms", "int"),
+    "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": ("amqp_events_archive_max_length", "int"),
+    "AMQP_EVENTS_METRICS_PORT": ("amqp_events_metrics_port", "int"),
 }
 
 SETTING_PREFIX = "amqp_events_"
@@ -157,13 +159,13 @@ def raw_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     return {SETTING_PREFIX + field.name: conf.get(SETTING_PREFIX + field.name) for field in fields(Settings)}
 
 
-def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """App settings given by the documented environment variables."""
     found = {}
-    for variable, key in ENVIRONMENT.items():
+    for variable, (key, kind) in ENVIRONMENT.items():
         raw = environ.get(variable, "").strip()
         if raw:
-            found[key] = _coerce("int", raw, variable)
+            found[key] = _coerce(kind, raw, variable)
     return found
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kombu import Connection
@@ -40,6 +40,8 @@ class Run:
     workdir: Path
     #: Queue type of the plain Celery baseline (bench/apps/plain.py reads PLAIN_QUEUE_TYPE).
     plain_queue_type: str = "classic"
+    #: More environment for every process the run starts (e.g. ``MARK_EVERY``).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def marks_read(self) -> list[dict]:
         if not self.marks.exists():
@@ -53,7 +55,8 @@ class Run:
             "MARKS_FILE": str(self.marks),
             "SERVICE": service,
             "PLAIN_QUEUE_TYPE": self.plain_queue_type,
-            "PYTHONPATH": str(APPS),
+            "PYTHONPATH": f"{APPS}{os.pathsep}{BENCH.parent}",  # this tree's package, whatever is installed
+            **self.extra_env,
         }
 
     def queue_depth(self, queue: str) -> int:
@@ -77,6 +80,24 @@ class Run:
         raise TimeoutError(f"marks never satisfied {predicate} in {self.marks}")
 
     @contextlib.contextmanager
+    def process(
+        self, name: str, argv: list[str], ready: str, times: int = 1, env: dict[str, str] | None = None
+    ) -> Iterator[None]:
+        """Another consumer (FastStream, a raw one) as a process of its own, stopped by PID (its process
+        group); ready once its log says ``ready`` ``times`` times."""
+        log = self.workdir / f"{name}-{uuid.uuid4().hex[:6]}.log"
+        process = WorkerProcess(argv, {**self.env(), **(env or {})}, APPS, log).start()
+        try:
+            deadline = time.monotonic() + 120
+            while process.log().count(ready) < times:
+                if time.monotonic() > deadline or not process.is_running():
+                    raise RuntimeError(f"{name} not ready:\n{process.log_tail()}")
+                time.sleep(0.1)
+            yield
+        finally:
+            process.stop()
+
+    @contextlib.contextmanager
     def worker(
         self,
         app: str,
@@ -92,7 +113,10 @@ class Run:
         )
         argv[0] = python
         log = self.workdir / f"{name}.log"
-        worker = WorkerProcess(argv, {**self.env(service), **(env or {})}, APPS, log).start()
+        environment = {**self.env(service), **(env or {})}
+        if Path(python).is_relative_to(LEGACY_VENV):  # 0.1.0 imports its own package, not this tree's
+            environment["PYTHONPATH"] = str(APPS)
+        worker = WorkerProcess(argv, environment, APPS, log).start()
         try:
             worker.wait_ready(120)
             yield worker
@@ -131,6 +155,15 @@ def throughput(marks: list[dict], count: int) -> float:
     first = min(mark["time"] for mark in marks if mark["n"] == 0)
     last = max(mark["time"] for mark in marks if mark["last"])
     return count / (last - first)
+
+
+def steady_throughput(marks: list[dict], count: int) -> float:
+    """Handled per second between the marks of the events at 10% and at 90% of the backlog (``MARK_EVERY``):
+    processes that start a moment apart, and the last ones' tail, do not count."""
+    times = {mark["n"]: mark["time"] for mark in marks}
+    low = min(times, key=lambda n: abs(n - count // 10))
+    high = min(times, key=lambda n: abs(n - count * 9 // 10))
+    return (high - low) / (times[high] - times[low])
 
 
 def rss_kb(pid: int) -> int:

@@ -108,7 +108,7 @@ def fire(billing, count: int) -> None:
         customer = CUSTOMERS[number % len(CUSTOMERS)]
         billing.invoice_paid(number, f"{10 + number}.00", customer)
         progress(f"fired {number}/{count} billing.invoice.paid (each confirmed by the broker)")
-    print()
+    progress_done()
 
 
 def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
@@ -125,7 +125,7 @@ def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
             + f" | retries waiting on the broker: {retries}"
         )
         if len(final) == count * len(SERVICES) or time.monotonic() > deadline:
-            print()
+            progress_done()
             return lines
         time.sleep(0.2)
 
@@ -151,8 +151,18 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def progress(text: str) -> None:
-    print("\r" + text.ljust(100), end="", flush=True)
+def progress(text: str, shown: list[str] = []) -> None:  # noqa: B006  # the last line shown, kept across calls
+    """One line rewritten in place on a terminal; a plain line for each change when the output is a file or a pipe."""
+    if sys.stdout.isatty():
+        print("\r" + text.ljust(100), end="", flush=True)
+    elif shown != [text]:
+        shown[:] = [text]
+        print(text, flush=True)
+
+
+def progress_done() -> None:
+    if sys.stdout.isatty():
+        print()
 
 
 if __name__ == "__main__":

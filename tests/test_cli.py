@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -52,6 +53,14 @@ def test_archive_list_and_show_describe_real_failures(worker, producer, archive_
     assert archive_of("orders").count() == 2  # listing consumed nothing
     missing = cli("archive", "show", "nope")
     assert missing.exit_code == 1 and "no archived message" in missing.output
+
+
+def test_archive_show_gives_the_routing_key_the_event_was_fired_with(worker, producer, archive_of, cli):
+    worker("orders")
+    delayed = producer.fire("test.ping", ["d"], {"how": {"permanent": True}}, countdown=1)  # through the ladder
+    wait_archived(archive_of("orders"), 1)
+    shown = cli("archive", "show", delayed).output
+    assert "routing key:        test.ping\n" in shown, shown
 
 
 def test_replay_after_a_fix_with_the_cli(worker, producer, records, archive_of, cli):
@@ -186,6 +195,35 @@ def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
     assert runner.invoke(main, ["broker", "stop", "--dir", directory]).exit_code == 0
     assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
     assert runner.invoke(main, ["broker", "status", "--dir", directory]).exit_code == 3
+
+
+@pytest.mark.broker  # starts a node of its own, in the default directory under the current one
+def test_commands_run_against_the_local_broker_find_it_and_its_management_api(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AMQP_EVENTS_MANAGEMENT_URL", raising=False)
+    runner = CliRunner()
+    started = runner.invoke(main, ["broker", "start"])
+    try:
+        assert started.exit_code == 0, started.output
+        url = re.search(r"export AMQP_EVENTS_BROKER_URL='([^']+)' AMQP_EVENTS_MANAGEMENT_URL=http", started.output)
+        assert url, started.output
+        # A service made without a broker_url, in a shell that ran the export line; no management URL given.
+        (tmp_path / "quick.py").write_text(
+            "from amqp_events.celery import events_app\n"
+            "app = events_app('quick')\n"
+            "app.handler('quick.ping')(lambda: None)\n"
+        )
+        env = {key: value for key, value in os.environ.items() if not key.startswith("AMQP_EVENTS_")}
+        env.update(AMQP_EVENTS_BROKER_URL=url.group(1), PYTHONPATH=str(tmp_path))
+        for command in ("declare", "check"):
+            done = subprocess.run(
+                [str(Path(sys.executable).parent / "amqp-events"), "-A", "quick", "topology", command],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+        assert "the broker matches the topology of service 'quick'" in done.stdout
+    finally:
+        runner.invoke(main, ["broker", "stop"])
 
 
 def read_until(fd: int, text: str, timeout: float = 30.0) -> str:

@@ -48,6 +48,7 @@ def test_the_demo_runs_to_a_summary(tmp_path):
     assert demo.returncode == 0, output
     assert "who handled what" in output and "shipping's archive" in output
     assert "no shipping address for customer 'nobody'" in output
+    assert "\r" not in output  # not a terminal: plain lines, no line rewritten in place
     workdir = output.split("under ", 1)[1].split(")", 1)[0]
     assert not Path(workdir).exists() and descendants_of_the_demo(workdir) == []
 

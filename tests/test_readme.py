@@ -347,3 +347,49 @@ def test_the_middleware_example_works_as_written(tmp_path, start_worker, broker_
     with in_process(app):
         app.fire("billing.invoice.paid", [7, "1.00"], {})
     assert json.loads(audit.read_text())["reason"] == "max_retries"
+
+
+def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():
+    blocks = re.findall(r"(<!-- fragment: [^>]+ -->\n)?```python\n(.*?)```", README, flags=re.S)
+    tests = "".join(path.read_text() for path in (ROOT / "tests").glob("test_*.py"))
+    named, fragments, neither = [], [], []
+    for mark, body in blocks:
+        compile(body, "README.md", "exec")  # fragments too: at least they parse
+        first = body.split("\n", 1)[0]
+        if mark:
+            fragments.append(first)
+        elif re.fullmatch(r"# \S+\.py", first):
+            named.append(first[2:])
+        else:
+            neither.append(first)
+    assert neither == []
+    assert [name for name in named if f'"{name}"' not in tests] == []  # each named block is written by a test
+    assert (len(named), len(fragments)) == (18, 6)
+
+
+def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):
+    files = code_blocks()
+    [pyproject] = re.findall(r"```toml\n# pyproject.toml\n(.*?)```", section("Testing your services"), flags=re.S)
+    (tmp_path / "pyproject.toml").write_text(pyproject)
+    for name in ("tests/conftest.py", "tests/test_invoices.py", "orders/celery.py", "orders/handlers.py",
+                 "shipping/celery.py"):  # fmt: skip
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(files[name])
+    for package in ("orders", "shipping"):
+        (tmp_path / package / "__init__.py").write_text("")
+    pytest = str(Path(sys.executable).parent / "pytest")  # the plain command, not python -m pytest
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    ran = subprocess.run([pytest, "-q", "-p", "no:cacheprovider"], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "2 passed" in ran.stdout
+
+
+def test_the_extras_bring_what_their_names_say():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not any("psycopg" in requirement for requirement in extras["sqlalchemy"] + extras["django"])
+    assert any("psycopg" in requirement for requirement in extras["postgres"])
+    assert [requirement.split(">")[0] for requirement in extras["testing"]] == ["pytest"]

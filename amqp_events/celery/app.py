@@ -343,9 +343,9 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
     setting can be passed; they override the defaults, as do settings loaded
     later with ``app.config_from_object``, until the app first needs them
     (see :attr:`EventsApp.events_settings`). The environment variables
-    ``AMQP_EVENTS_MAX_RETRIES``, ``AMQP_EVENTS_ARCHIVED_MESSAGE_TTL``,
-    ``AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH`` and ``AMQP_EVENTS_METRICS_PORT``
-    are read now, below app settings.
+    ``AMQP_EVENTS_BROKER_URL``, ``AMQP_EVENTS_MAX_RETRIES``,
+    ``AMQP_EVENTS_ARCHIVED_MESSAGE_TTL``, ``AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH``
+    and ``AMQP_EVENTS_METRICS_PORT`` are read now, below app settings.
     """
     caller = inspect.currentframe()
     module = caller.f_back.f_globals.get("__file__") if caller and caller.f_back else None

@@ -17,6 +17,7 @@ tests/test_bad_input.py).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -54,7 +55,24 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
+        self.loop_thread = threading.get_ident()
         signals.worker_shutting_down.connect(self.wake_event_loop)  # weak: goes with the consumer
+
+    def call_soon(self, *args: Any, **kwargs: Any) -> Any:
+        """Upstream (5.5, 5.6 acks; 5.7 other callbacks): a callback queued from another thread (the threads
+        pool's) waits until the event loop's poll ends, which takes up to a second once the prefetch window
+        is full and nothing arrives: wake the loop."""
+        queued = super().call_soon(*args, **kwargs)
+        if threading.get_ident() != self.loop_thread:
+            self.wake_event_loop()
+        return queued
+
+    def call_soon_ack(self, *args: Any, **kwargs: Any) -> Any:
+        """Upstream (5.7): acks and rejects, queued as :meth:`call_soon` queues them."""
+        queued = super().call_soon_ack(*args, **kwargs)
+        if threading.get_ident() != self.loop_thread:
+            self.wake_event_loop()
+        return queued
 
     def wake_event_loop(self, **_: Any) -> None:
         """Upstream: a warm shutdown only sets a flag the event loop reads between polls, and a poll lasts

@@ -16,6 +16,7 @@ import click
 
 from amqp_events.archive import Archive, ArchivedMessage, Selection
 from amqp_events.cli.context import current_context, one_line_errors
+from amqp_events.topology import delays
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -114,7 +115,7 @@ def archive_show(message_id: str, service: str | None, as_json: bool) -> None:
         click.echo("cloudevent:")
         for name, value in sorted(entry.cloud_event.items()):
             click.echo(f"  {name + ':':<18}{value}")
-    click.echo(f"{'routing key:':<20}{entry.routing_key}")
+    click.echo(f"{'routing key:':<20}{fired_with(entry)}")
     click.echo(f"{'content type:':<20}{entry.content_type}")
     payload = entry.payload
     click.echo("payload:")
@@ -225,3 +226,11 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
     for row in [headers, *rows]:
         click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def fired_with(entry: ArchivedMessage) -> str:
+    """The routing key the event was fired with: its name, also when it came through the delay ladder or
+    straight to its queue (a retry, a replay), whose own routing keys are the library's."""
+    if entry.exchange in (delays.DELIVERY_EXCHANGE, ""):
+        return entry.event
+    return entry.routing_key

@@ -10,7 +10,8 @@ import click
 
 from amqp_events.cli.context import expecting
 from amqp_events.errors import LocalServerError
-from amqp_events.local.broker import LocalBroker
+from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, started_in
+from amqp_events.local.broker import LocalBroker, port_is_free
 from amqp_events.local.cluster import LocalCluster
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -26,15 +27,10 @@ def directory_option(command: F) -> F:
         "--dir",
         "directory",
         type=click.Path(file_okay=False, path_type=Path),
-        default=Path(".amqp-events/broker"),
+        default=DEFAULT_DIRECTORY,
         show_default=True,
         help="Where the node (or the cluster) keeps its data, logs and state.",
     )(command)
-
-
-def started_in(directory: Path) -> LocalBroker | LocalCluster:
-    """What was started in ``directory``: a cluster (``cluster.json``) or a single node."""
-    return LocalCluster(directory) if (directory / "cluster.json").exists() else LocalBroker(directory)
 
 
 def cluster_in(directory: Path) -> LocalCluster:
@@ -57,20 +53,26 @@ def describe(started: LocalBroker | LocalCluster) -> None:
     if isinstance(started, LocalBroker):
         click.echo(f"broker running: {started.url}")
         click.echo(f"management UI:  {started.management_url}/ (guest/guest)")
-        return
-    for index, node in enumerate(started.nodes):
-        state = "running" if node.is_running() else "down"
-        click.echo(f"node {index + 1} {started.node_name(index)} ({state}): {node.url}  UI {node.management_url}/")
-    click.echo(f"multi-host URL for apps: {started.url}")
+        management = started.management_url
+    else:
+        for index, node in enumerate(started.nodes):
+            state = "running" if node.is_running() else "down"
+            click.echo(f"node {index + 1} {started.node_name(index)} ({state}): {node.url}  UI {node.management_url}/")
+        click.echo(f"multi-host URL for apps: {started.url}")
+        management = started.nodes[0].management_url
+    click.echo("for apps made without a broker_url, and for amqp-events run elsewhere:")
+    click.echo(f"  export AMQP_EVENTS_BROKER_URL='{started.url}' AMQP_EVENTS_MANAGEMENT_URL={management}")
 
 
 @broker.command("start")
 @directory_option
-@click.option("--port", type=int, help="AMQP port of a single node (default: a free one).")
+@click.option("--port", type=int, help="AMQP port of a single node (default: 5672 when free, else a free one).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in one cluster.")
 @expecting(LocalServerError)
 def broker_start(directory: Path, port: int | None, nodes: int) -> None:
     """Start the node or the cluster (it keeps running after this command) and print its URLs."""
+    if port is None and nodes == 1 and port_is_free(AMQP_PORT):
+        port = AMQP_PORT
     started = LocalCluster(directory, nodes) if nodes > 1 else LocalBroker(directory, port)
     started.start()
     describe(started)

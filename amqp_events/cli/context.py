@@ -88,9 +88,15 @@ class Context:
 
     @property
     def management(self) -> ManagementAPI:
-        if self.management_url:
-            return ManagementAPI(self.management_url)
-        return ManagementAPI.for_amqp_url(self.app.conf.broker_url)
+        """The management API: ``--management-url``, the local node's (``amqp-events broker start``) when the
+        app talks to it, else port 15672 beside the broker."""
+        from amqp_events.local import management_url_for
+
+        broker_url = self.app.conf.broker_url
+        found = self.management_url or management_url_for(broker_url)
+        if found:
+            return ManagementAPI(found)
+        return ManagementAPI.for_amqp_url(broker_url)
 
 
 pass_context = click.make_pass_decorator(Context)

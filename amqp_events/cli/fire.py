@@ -16,12 +16,41 @@ from amqp_events.cli.context import Context, one_line_errors, pass_context
 @click.option("--json", "payload", metavar="PAYLOAD", help="Keyword arguments as a JSON object (or an array of args).")
 @click.option("--arg", "pairs", multiple=True, metavar="KEY=VALUE", help="A keyword argument; VALUE is JSON or text.")
 @click.option("--countdown", type=float, help="Seconds to wait on the broker before delivery.")
+@click.option("--no-validate", is_flag=True, help="Skip the validation of the event the app declares.")
 @pass_context
 @one_line_errors
-def fire(context: Context, event: str, payload: str | None, pairs: Sequence[str], countdown: float | None) -> None:
-    """Fire EVENT from the shell and print its id once the broker confirmed it."""
+def fire(
+    context: Context,
+    event: str,
+    payload: str | None,
+    pairs: Sequence[str],
+    countdown: float | None,
+    no_validate: bool,
+) -> None:
+    """Fire EVENT from the shell and print its id once the broker confirmed it.
+
+    An event the app declares (``@app.event``) is validated first, as the
+    Python call does: a payload it refuses is not fired (``--no-validate``
+    skips that). Other events are fired as given.
+    """
     args, kwargs = parse_payload(payload, pairs)
-    click.echo(context.app.fire(event, args, kwargs, countdown=countdown))
+    app = context.app
+    app.loader.import_default_modules()  # the modules that may declare it
+    declared = app.declared_events.get(event)
+    if declared is None or no_validate:  # an event the app does not declare has nothing to validate it
+        click.echo(app.fire(event, args, kwargs, countdown=countdown))
+        return
+    try:
+        if isinstance(declared, type):  # an event class: constructing it is the validation
+            instance = declared(*args, **kwargs)
+        else:
+            declared.validate(*args, **kwargs)
+    except Exception as exc:
+        raise click.ClickException(f"{event!r} not fired: its validation refused the payload: {exc!r}") from None
+    if isinstance(declared, type):
+        click.echo(instance.fire(countdown=countdown))
+    else:
+        click.echo(declared.fire(tuple(args), kwargs, countdown=countdown))
 
 
 def parse_payload(payload: str | None, pairs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:

@@ -23,7 +23,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from amqp_events.clock import Clock
-from amqp_events.core.delivery import Delivery, Received
+from amqp_events.core.delivery import Delivery, Received, Running
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Handling, Outcome
 from amqp_events.core.policy import RetryPolicy
@@ -250,4 +250,10 @@ class ServiceContext:
     @cached_property
     def runs(self) -> dict[Handler, Run]:
         """Each handler's call as the middleware wrapped it (``wrap_run``), made on first use."""
+        return {}
+
+    @cached_property
+    def running(self) -> dict[Handler, Running]:
+        """What each handler's runs show to its code (:func:`amqp_events.current_event`, sections), made on
+        first use."""
         return {}

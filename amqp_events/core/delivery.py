@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
 from amqp_events.wire.message import EMPTY_EMBED, JSON, LOST_RUNS, EventMetadata, event_id, event_name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Received:
     """A message as it arrived, before anything decoded it (what ``before_receive`` hooks read)."""
 
@@ -24,7 +24,7 @@ class Received:
     routing_key: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Delivery:
     """A message as a service's worker received it."""
 
@@ -71,9 +71,11 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Running:
-    """The handler running in this context: what :func:`current_event` and handler sections read."""
+    """A handler that runs in this context: what :func:`current_event` and handler sections read (one per
+    handler, made once; what is per message comes from ``delivery()``)."""
 
-    delivery: Delivery
+    #: The message of the run in progress.
+    delivery: Callable[[], Delivery]
     service: str
     #: The handler's name (``module.qualname``).
     handler: str
@@ -103,6 +105,15 @@ def handler_running(running: Running) -> Iterator[None]:
         _running.reset(token)
 
 
+def start_running(running: Running) -> Token[Running | None]:
+    """:func:`running` is ``running`` until :func:`stop_running` (the pipeline's hot path: no context manager)."""
+    return _running.set(running)
+
+
+def stop_running(token: Token[Running | None]) -> None:
+    _running.reset(token)
+
+
 def current_event() -> EventMetadata:
     """The event the running handler was called for: id, name, fire time, firing service, attempt.
 
@@ -114,4 +125,4 @@ def current_event() -> EventMetadata:
     handler = _running.get()
     if handler is None:
         raise RuntimeError("current_event() is only available while a handler runs in a worker")
-    return EventMetadata.from_headers(handler.delivery.headers)
+    return EventMetadata.from_headers(handler.delivery().headers)

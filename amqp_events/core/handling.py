@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
-from amqp_events.clock import SYSTEM_CLOCK, reading
+from amqp_events.clock import SYSTEM_CLOCK, start_reading, stop_reading
 from amqp_events.core.context import Attempt, Run, ServiceContext
-from amqp_events.core.delivery import Delivery, Received, Running, handler_running, running
+from amqp_events.core.delivery import Delivery, Received, Running, running, start_running, stop_running
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal
 from amqp_events.core.settle import describe, settle
@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: What a run returns when its effect happened already (the inbox knows its key): it is skipped, acked.
 DUPLICATE = object()
+#: The attempt whose handler runs in this context.
+_attempt: ContextVar[Attempt | None] = ContextVar("amqp_events_attempt", default=None)
 
 
 # -- a message as it arrived -------------------------------------------------------------------------------
@@ -135,18 +137,23 @@ def _run(attempt: Attempt) -> tuple[Outcome, Any]:
     except BadArguments as exc:
         return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), handling, context.now()), None
     run = context.runs.get(handler) or _wrapped_run(context, handler)
+    running = context.running.get(handler) or _running_of(context, handler)
+    # Context variables, not context managers: this is the hot path.
+    attempt_token, running_token = _attempt.set(attempt), start_running(running)
+    clock_token = start_reading(context.clock) if context.clock is not SYSTEM_CLOCK else None
     try:
-        with ExitStack() as running:
-            running.enter_context(handler_running(_running_of(attempt)))
-            if context.clock is not SYSTEM_CLOCK:
-                running.enter_context(reading(context.clock))
-            result = run(attempt, args, kwargs)
+        result = run(attempt, args, kwargs)
     except BaseException as exc:
         if attempt.concluded is not None:  # self.retry() settled it, then raised to leave the handler
             return attempt.concluded, None
         if isinstance(exc, context.control_flow) or not isinstance(exc, Exception):
             raise
         return decide(delivery, Failed(exc), handling, context.now()), None
+    finally:
+        if clock_token is not None:
+            stop_reading(clock_token)
+        stop_running(running_token)
+        _attempt.reset(attempt_token)
     if attempt.concluded is not None:  # self.retry(throw=False), then the handler returned
         return attempt.concluded, None
     if result is DUPLICATE:
@@ -168,11 +175,16 @@ def _wrapped_run(context: ServiceContext, handler: Handler) -> Run:
     return run
 
 
-def _running_of(attempt: Attempt) -> Running:
-    context, handler = attempt.context, attempt.handler
-    assert handler is not None
+def _running_of(context: ServiceContext, handler: Handler) -> Running:
+    """What ``handler``'s code sees while it runs, made once: the attempt in progress comes from ``_attempt``."""
+
+    def current() -> Attempt:
+        attempt = _attempt.get()
+        assert attempt is not None, "no run in progress"
+        return attempt
 
     def optional_failed(section: str, error: BaseException) -> None:
+        attempt = current()
         logger.warning(
             "optional section %s failed, going on: %s(%s) event_id=%s service=%s handler=%s",
             section, type(error).__name__, str(error)[:200], attempt.delivery.event_id, context.name, handler.name,
@@ -183,6 +195,7 @@ def _running_of(attempt: Attempt) -> Running:
     def retry(
         error: BaseException | None, countdown: float | None, max_retries: int | None, args: Any, kwargs: Any
     ) -> Outcome:
+        attempt = current()
         delivery = attempt.delivery
         if args is not None or kwargs is not None:
             delivery = replace(
@@ -195,7 +208,10 @@ def _running_of(attempt: Attempt) -> Running:
         attempt.concluded = settle(attempt, outcome)
         return attempt.concluded
 
-    return Running(attempt.delivery, context.name, handler.name, context.control_flow, optional_failed, retry)
+    running = context.running[handler] = Running(
+        lambda: current().delivery, context.name, handler.name, context.control_flow, optional_failed, retry
+    )
+    return running
 
 
 def retry_running(

@@ -36,6 +36,8 @@ from amqp_events.wire.message import (
     JSON,
     LOST_RUNS,
     SECTION_RETRIES,
+    X_DEATH,
+    X_DELIVERY_COUNT,
     OutgoingMessage,
     Reason,
     copy_headers,
@@ -160,7 +162,10 @@ def refusal(delivery: Delivery, handling: Handling) -> Failed | CannotRun | None
     crash loop; a message that came back dead-lettered as rejected counts
     as a failed attempt.
     """
-    returns = earlier_deliveries(delivery.headers)
+    headers = delivery.headers
+    if X_DELIVERY_COUNT not in headers and X_DEATH not in headers:  # the usual case, decided at once
+        return None
+    returns = earlier_deliveries(headers)
     if returns >= handling.max_redeliveries:
         return CannotRun(Reason.WORKER_LOST, WorkerLost(f"returned to its queue {returns} times without an outcome"))
     if was_rejected(delivery.headers, delivery.queue):

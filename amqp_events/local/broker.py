@@ -62,6 +62,16 @@ def free_ports(count: int) -> list[int]:
     raise LocalServerError(f"fewer than {count} free TCP ports outside the range {low}-{high}")
 
 
+def port_is_free(port: int) -> bool:
+    """Can a server bind ``port`` on 127.0.0.1 right now?"""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def ephemeral_range() -> tuple[int, int]:
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()

@@ -10,11 +10,13 @@ event to every attempt of every service that handled it.
   is a PRODUCER span ``replay <event>`` linking to the producer and to that attempt, and its context
   travels as ``replay_traceparent``, to which the replayed attempts link too.
 
-Every hook costs one provider check when no tracer provider is configured.
+Without a tracer provider every hook costs an attribute test: the provider is looked for at most once a
+second (OpenTelemetry sets it once for good, so one found is kept).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -55,6 +57,26 @@ def log_fields() -> dict[str, str]:
     return {"trace_id": trace.format_trace_id(context.trace_id), "span_id": trace.format_span_id(context.span_id)}
 
 
+class ProviderWatch:
+    """Is a tracer provider configured? :func:`enabled` reads the environment each time; this looks at most
+    once a second until a provider is there, then for good (OpenTelemetry sets the provider once)."""
+
+    INTERVAL = 1.0
+
+    def __init__(self) -> None:
+        self.found = False
+        self.next_look = 0.0
+
+    def __call__(self) -> bool:
+        if self.found:
+            return True
+        now = time.monotonic()
+        if now >= self.next_look:
+            self.next_look = now + self.INTERVAL
+            self.found = enabled()
+        return self.found
+
+
 class Tracing(Middleware):
     """Spans of firing, handling and replaying (installed by an app when the ``[otel]`` extra is)."""
 
@@ -62,12 +84,13 @@ class Tracing(Middleware):
         self.version = version
         #: Each attempt's span is the producer's child instead of a new trace that links to it.
         self.as_child = as_child
+        self.on = ProviderWatch()
         self._tracers: dict[int, Any] = {}
 
     # -- firing ------------------------------------------------------------------------------------------------
 
     def before_fire(self, firing: Firing) -> None:
-        if not enabled():
+        if not self.on():
             return
         message, context = firing.message, firing.context
         event = message.event
@@ -97,7 +120,7 @@ class Tracing(Middleware):
     # -- handling ----------------------------------------------------------------------------------------------
 
     def before_handle(self, attempt: Attempt) -> Outcome | None:
-        if not enabled():
+        if not self.on():
             return None
         delivery, context, handler = attempt.delivery, attempt.context, attempt.handler
         headers = delivery.headers
@@ -158,7 +181,7 @@ class Tracing(Middleware):
     # -- replaying ---------------------------------------------------------------------------------------------
 
     def before_replay(self, replay: Replay) -> None:
-        if not enabled():
+        if not self.on():
             return
         message, archived = replay.message, replay.archived_headers
         links = _links(propagate.extract(archived), archived.get(ARCHIVE_TRACEPARENT))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -44,7 +45,7 @@ from amqp_events.management import ManagementAPI
 from amqp_events.testing.in_process import InProcess, in_process
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
-from amqp_events.testing.workers import WorkerProcess, worker_argv
+from amqp_events.testing.workers import WORKER_FLAGS, WorkerProcess, worker_argv
 
 
 @dataclass
@@ -211,6 +212,9 @@ def start_worker(
 
     The worker gets ``BROKER_URL`` (this test's vhost) in its environment,
     runs with the recommended flags, and is stopped when the test ends.
+    ``as_written=True`` runs ``celery -A APP worker`` with the recommended
+    flags only, as the README says (Celery's default pool, name and log
+    level: it logs no "ready" line, so wait for its consumers instead).
     """
     workers: list[WorkerProcess] = []
     request.node.amqp_events_workers = workers
@@ -224,9 +228,13 @@ def start_worker(
         cwd: Path | None = None,
         ready: bool = True,
         timeout: float = 60.0,
+        as_written: bool = False,
     ) -> WorkerProcess:
         name = f"w{len(workers) + 1}-{uuid.uuid4().hex[:6]}"
-        argv = worker_argv(app, *extra, pool=pool, concurrency=concurrency, name=name)
+        if as_written:
+            argv = [sys.executable, "-m", "celery", "-A", app, "worker", *WORKER_FLAGS, *extra]
+        else:
+            argv = worker_argv(app, *extra, pool=pool, concurrency=concurrency, name=name)
         # TMPDIR: what a killed worker leaves behind stays in the test's own directory
         environment = {
             **os.environ,

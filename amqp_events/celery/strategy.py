@@ -1,0 +1,124 @@
+"""The strategy of a handler task: how a worker's consumer runs each of its messages.
+
+Upstream: a task's ``Strategy`` (``celery.worker.strategy:default``) turns each
+message into a ``Request``, logs it, sends ``task_received``, hands it to the
+pool, which traces the run (``task_prerun``/``postrun`` signals, the result
+backend, states) and acks it once done. Every step costs, per message, and an
+event handler needs none of it: the handling pipeline
+(:mod:`amqp_events.core.handling`) decides, settles and records the outcome.
+
+With the solo pool, this strategy runs the pipeline on the message itself, in
+the consumer's own thread, then acks (or rejects) it; with the threads pool,
+in a thread of the pool, its ack sent back to the consumer's thread. The same
+guarantees (acks late, the copy of a retry or an archive confirmed first, a
+message the worker loses goes back to the broker) without Celery's
+per-message work. Celery's own path is kept whenever something relies on it:
+the prefork pool (its children run the task: ``EventHandler.__call__``), task events
+(``-E``), a rate limit, a revoked id, a message with an ``eta`` or ``expires``,
+or a receiver of Celery's task signals (OpenTelemetry's Celery instrumentation,
+say).
+
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, and every broker test with a solo worker).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import signals
+from celery._state import _task_stack
+from celery.app.task import Context
+from celery.concurrency.solo import TaskPool as SoloPool
+from celery.concurrency.thread import TaskPool as ThreadsPool
+from celery.exceptions import Ignore, Reject, Retry
+from celery.worker.strategy import default
+
+from amqp_events.core import handling
+from amqp_events.core.delivery import Delivery
+
+logger = logging.getLogger(__name__)
+
+#: Celery's task signals: a receiver of any of them gets Celery's own path.
+TASK_SIGNALS = (
+    signals.task_received,
+    signals.before_task_publish,
+    signals.task_prerun,
+    signals.task_postrun,
+    signals.task_success,
+    signals.task_failure,
+    signals.task_retry,
+    signals.task_revoked,
+)
+#: Headers only Celery's path honours (the library never sets them: delays wait on the broker).
+CELERY_ONLY = ("eta", "expires")
+
+
+def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
+    """The strategy of ``task``, a handler task, in ``consumer``'s worker."""
+    celery_path: Callable[..., Any] = default(task, app, consumer, **options)
+    pool = consumer.pool
+    if not (isinstance(pool, SoloPool | ThreadsPool) and without_celery_s_work(task, consumer)):
+        return celery_path
+    revoked = consumer.controller.state.revoked
+    handle = handler_of(task, app, consumer)
+    in_a_thread = pool.apply_async if isinstance(pool, ThreadsPool) else None
+
+    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
+        headers = message.headers
+        if (
+            any(signal.receivers for signal in TASK_SIGNALS)
+            or headers.get("id") in revoked
+            or any(headers.get(key) for key in CELERY_ONLY)
+        ):
+            return celery_path(message, body, ack, reject, callbacks, **more)
+        if in_a_thread is None:
+            handle(message, ack, reject)
+        else:  # the ack goes back to the event loop's thread (Consumer.call_soon_ack wakes it)
+            in_a_thread(handle, (message, ack, reject))
+        return None
+
+    return on_message
+
+
+def handler_of(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], None]:
+    """Handle one message of ``task`` through the pipeline, then ack or reject it with its promises."""
+    handler = task.handler
+    errors = consumer.connection_errors  # what the ack and reject promises log rather than raise
+    request_context = Context if handler.takes_self else None  # ``self.request`` of a bound handler
+
+    def handle(message: Any, ack: Any, reject: Any) -> None:
+        headers = message.headers
+        args, kwargs, _ = message.decode()  # decoded once, when the consumer admitted it
+        info = message.delivery_info
+        exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
+        delivery = Delivery(headers, handler.queue, exchange, routing_key, args, kwargs)
+        _task_stack.push(task)
+        if request_context is not None:
+            context = {"delivery_info": info, "hostname": consumer.hostname, "called_directly": False}
+            task.request_stack.push(request_context(headers, args=args, kwargs=kwargs, is_eager=False, **context))
+        try:
+            handling.handle(app.context, handler, delivery, task.run)
+        except Reject as exc:  # the handler rejected its message itself
+            reject(logger, errors, exc.requeue)
+            return
+        except (Ignore, Retry):
+            pass
+        except Exception:  # settling failed (the broker went away): it comes back, counted as a failed attempt
+            logger.exception("could not settle %s[%s]", task.name, headers.get("id"))
+            reject(logger, errors, False)
+            return
+        finally:
+            if request_context is not None:
+                task.request_stack.pop()
+            _task_stack.pop()
+        ack(logger, errors)
+
+    return handle
+
+
+def without_celery_s_work(task: Any, consumer: Any) -> bool:
+    """May ``task``'s messages skip Celery's per-message work (nothing configured relies on it)?"""
+    eventer = consumer.event_dispatcher
+    return task.acks_late and not task.rate_limit and not (eventer and eventer.enabled and task.send_events)
