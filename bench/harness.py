@@ -18,6 +18,7 @@ from kombu import Connection
 
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.testing import json_lines
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 
 BENCH = Path(__file__).resolve().parent
@@ -44,9 +45,7 @@ class Run:
     extra_env: dict[str, str] = field(default_factory=dict)
 
     def marks_read(self) -> list[dict]:
-        if not self.marks.exists():
-            return []
-        return [json.loads(line) for line in self.marks.read_text().splitlines() if line.strip()]
+        return json_lines(self.marks)
 
     def env(self, service: str = "bench") -> dict[str, str]:
         return {

@@ -13,7 +13,6 @@ Run it with ``bash scripts/demo`` (or ``python examples/demo.py --events 200``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -29,6 +28,7 @@ sys.path.insert(0, str(HERE))
 
 from amqp_events.archive import Archive  # noqa: E402
 from amqp_events.local.broker import LocalBroker  # noqa: E402
+from amqp_events.testing import json_lines  # noqa: E402
 from amqp_events.testing.workers import WorkerProcess, worker_argv  # noqa: E402
 
 SERVICES = {  # service -> (pool, concurrency)
@@ -116,7 +116,7 @@ def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
     deadline = time.monotonic() + timeout
     while True:
         stop_if_interrupted()
-        lines = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        lines = json_lines(journal)
         final = {(line["service"], line["invoice"]) for line in lines if line["outcome"] in ("handled", "archived")}
         done = Counter(service for service, _ in final)
         retries = sum(1 for line in lines if line["outcome"] in ("failed", "postponed"))

@@ -26,7 +26,6 @@ while the workers are killed as usual; every client has every node's URL.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -43,6 +42,7 @@ from amqp_events.inbox.sql import InboxTable
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.management import ManagementAPI
+from amqp_events.testing import json_lines
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 from faults import effects, probes
@@ -368,7 +368,7 @@ def audit(
     report.expected_pairs = len(expected_handled)
     end = time.monotonic() + deadline
     while True:
-        runs = [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
+        runs = json_lines(journal)
         handled = Counter((run["seq"], run["service"]) for run in runs if run["outcome"] == "ok")
         archived_keys, reasons = archive_contents(app)
         leftover = leftover_messages(management, "faults")

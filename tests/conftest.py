@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import time
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from amqp_events import EventsApp, events_app
-from amqp_events.testing import wait_for
+from amqp_events.testing import json_lines, wait_for
 
 TESTS = Path(__file__).parent
 sys.path.insert(0, str(TESTS))
@@ -46,7 +45,7 @@ class Records:
 
     def all(self, barriers: bool = False, **match: Any) -> list[dict[str, Any]]:
         """Records matching ``match`` (the sentinels of :meth:`barrier` only with ``barriers=True``)."""
-        lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        lines = json_lines(self.path)
         return [
             line
             for line in lines

@@ -126,3 +126,14 @@ def test_settings_changes_still_go_through_the_guarded_methods():
     assert isinstance(app.conf, celery_conf.GuardedSettings) and app.conf is conf
     with pytest.raises(Exception, match="cannot change now"):
         conf.setdefault("amqp_events_exchange", "x")  # not set yet: it would change what was read
+
+
+def test_the_worker_command_still_names_a_worker_celery_at_its_host_by_default():
+    """Why EventsWorker names a worker after its service when ``-n`` is left out: what that default is."""
+    from celery.bin.worker import worker
+    from celery.utils.nodenames import default_nodename, host_format
+
+    [option] = [parameter for parameter in worker.params if parameter.name == "hostname"]
+    assert option.default == host_format(default_nodename(None))
+    app = events_app("orders")
+    assert app.Worker(hostname=option.default, pool_cls="solo").hostname.startswith("orders-")

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from kombu import Connection
+from test_readme import README, code_blocks, section
 
 from amqp_events.core.policy import RetryPolicy
 from amqp_events.settings import Settings
 from amqp_events.testing import wait_for
-from test_readme import README, code_blocks, section
 
 AMQP_EVENTS = str(Path(sys.executable).parent / "amqp-events")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -17,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from amqp_events.cli import main
-from amqp_events.testing import wait_for
+from amqp_events.testing import json_lines, wait_for
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
@@ -171,7 +170,7 @@ def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_u
     assert "replayed 1 message(s)" in run(replay)
     assert "0 archived message(s)" in run(final)
     handled = wait_for(
-        lambda: [json.loads(line) for line in journal.read_text().splitlines() if '"handled"' in line],
+        lambda: [line for line in json_lines(journal) if line["outcome"] == "handled"],
         20,
         what="the replayed message handled",
     )
@@ -328,8 +327,7 @@ def test_the_middleware_example_works_as_written(tmp_path, start_worker, broker_
     audit = tmp_path / "archived.jsonl"
     start_worker("audit.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     event_id = producer.fire("billing.invoice.paid", [42, "10.00"], {})
-    wait_for(lambda: audit.exists() and audit.read_text().strip(), 30, what="the audit line")
-    line = json.loads(audit.read_text())
+    [line] = wait_for(lambda: json_lines(audit), 30, what="the audit line")
     assert (line["service"], line["event"], line["id"], line["reason"]) == (
         "audit",
         "billing.invoice.paid",
@@ -346,7 +344,7 @@ def test_the_middleware_example_works_as_written(tmp_path, start_worker, broker_
 
     with in_process(app):
         app.fire("billing.invoice.paid", [7, "1.00"], {})
-    assert json.loads(audit.read_text())["reason"] == "max_retries"
+    assert json_lines(audit)[0]["reason"] == "max_retries"
 
 
 def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():

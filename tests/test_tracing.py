@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from amqp_events.testing import wait_for
+from amqp_events.testing import json_lines, wait_for
 
 pytest.importorskip("opentelemetry.sdk.trace")
 
@@ -30,7 +30,7 @@ class Spans:
         path.touch()
 
     def all(self, name: str | None = None, **attributes: Any) -> list[dict[str, Any]]:
-        found = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        found = json_lines(self.path)
         return sorted(
             (
                 span

@@ -16,7 +16,7 @@ from celery import Celery
 from celery.app.utils import Settings as CelerySettings
 from celery.apps.worker import Worker
 from celery.utils.log import task_logger
-from celery.utils.nodenames import gethostname, nodename
+from celery.utils.nodenames import default_nodename, gethostname, host_format, nodename
 
 from amqp_events.errors import SettingsFrozen
 from amqp_events.middleware.logs import JsonFormatter
@@ -85,8 +85,9 @@ class EventsWorker(Worker):  # type: ignore[misc]
     """
 
     def __init__(self, app: Any = None, hostname: str | None = None, **kwargs: Any) -> None:
-        if not hostname:
-            hostname = nodename(f"{app.service}-{os.getpid()}", gethostname())
+        # Upstream: ``celery worker`` passes its -n option, whose default is ``celery@<host>``.
+        if not hostname or hostname == host_format(default_nodename(None)):
+            hostname = nodename(f"{(app or self.app).service}-{os.getpid()}", gethostname())
         super().__init__(app=app, hostname=hostname, **kwargs)
 
     def setup_logging(self, colorize: bool | None = None) -> Any:

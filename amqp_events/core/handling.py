@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from amqp_events.clock import SYSTEM_CLOCK, start_reading, stop_reading
+from amqp_events.core import sections
 from amqp_events.core.context import Attempt, Run, ServiceContext
 from amqp_events.core.delivery import Delivery, Received, Running, running, start_running, stop_running
 from amqp_events.core.handler import Handler
@@ -185,7 +186,7 @@ def _running_of(context: ServiceContext, handler: Handler) -> Running:
 
     def optional_failed(section: str, error: BaseException) -> None:
         attempt = current()
-        logger.warning(
+        sections.logger.warning(
             "optional section %s failed, going on: %s(%s) event_id=%s service=%s handler=%s",
             section, type(error).__name__, str(error)[:200], attempt.delivery.event_id, context.name, handler.name,
         )  # fmt: skip

@@ -36,7 +36,8 @@ from typing import Literal
 
 from amqp_events.core.delivery import running
 
-logger = logging.getLogger(__name__)
+#: Named for what it logs: the failures sections claim (also when the handling pipeline logs them).
+logger = logging.getLogger("amqp_events.sections")
 
 #: Where a section's mark is kept on the exception it claimed.
 MARK = "__amqp_events_section__"

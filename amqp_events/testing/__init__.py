@@ -8,18 +8,27 @@
   ``pytest_plugins = ["amqp_events.testing.fixtures"]``).
 * :mod:`amqp_events.testing.broker`: a private, throwaway RabbitMQ node.
 * :mod:`amqp_events.testing.workers`: ``celery worker`` processes, stopped by PID.
-* :func:`wait_for`: poll a condition with a deadline.
+* :func:`wait_for`: poll a condition with a deadline; :func:`json_lines`: read what processes append.
 
 Nothing in the library's runtime (producers, workers) imports this package.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+def json_lines(path: Path) -> list[Any]:
+    """The complete JSON lines of a file other processes append to (a line being written is left for later)."""
+    text = path.read_text() if path.exists() else ""
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
 
 def wait_for(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> T:
@@ -36,4 +45,4 @@ def wait_for(condition: Callable[[], T], timeout: float = 30.0, interval: float 
 
 from amqp_events.testing.in_process import InProcess, NotModelled, UnhandledEvent, in_process  # noqa: E402
 
-__all__ = ["InProcess", "NotModelled", "UnhandledEvent", "in_process", "wait_for"]
+__all__ = ["InProcess", "NotModelled", "UnhandledEvent", "in_process", "json_lines", "wait_for"]
