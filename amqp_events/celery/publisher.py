@@ -21,7 +21,7 @@ from kombu import Connection, Exchange, Producer
 from kombu.exceptions import OperationalError
 
 from amqp_events.errors import PublishError
-from amqp_events.wire.message import OutgoingMessage
+from amqp_events.wire.message import JSON, OutgoingMessage, json_body
 
 logger = logging.getLogger(__name__)
 
@@ -30,21 +30,24 @@ PERSISTENT = 2
 FIRST_PAUSE, MAX_PAUSE = 0.1, 1.0
 
 
-def send(producer: Producer, message: OutgoingMessage, **options: Any) -> None:
-    """Publish ``message``: persistent, mandatory, its body JSON-encoded unless it is already bytes."""
-    producer.publish(
-        message.body,
-        exchange=message.exchange,
-        routing_key=message.routing_key,
-        headers=message.headers,
-        serializer=None if message.content_type else "json",
-        content_type=message.content_type,
-        content_encoding=message.content_encoding,
-        delivery_mode=PERSISTENT,
-        mandatory=True,
-        message_id=message.message_id,
-        **options,
-    )
+def send(channel: Any, message: OutgoingMessage, confirm_timeout: float | None = None) -> None:
+    """Publish ``message`` on ``channel``: persistent, mandatory, its body JSON-encoded (as kombu encodes it)
+    unless it is already bytes. On a channel in confirm mode, wait up to ``confirm_timeout`` for the confirm.
+
+    Straight to the channel (kombu's ``Channel.prepare_message``, py-amqp's ``basic_publish``): kombu's
+    ``Producer.publish`` spends a fifth of a publish's time on options an event never has.
+    """
+    content_type: str | None = message.content_type
+    if content_type is None:
+        body, content_type, content_encoding = json_body(message.body), JSON, "utf-8"
+    else:
+        body, content_encoding = message.body, message.content_encoding
+    properties = {"delivery_mode": PERSISTENT, "message_id": message.message_id}
+    prepared = channel.prepare_message(body, None, content_type, content_encoding, message.headers, properties)
+    channel.basic_publish(
+        prepared, exchange=message.exchange, routing_key=message.routing_key, mandatory=True,
+        confirm_timeout=confirm_timeout,
+    )  # fmt: skip
 
 
 def exchange_to_declare(message: OutgoingMessage) -> Exchange | None:
@@ -156,12 +159,12 @@ class Publisher:
     def _publish_once(self, producer: Producer, message: OutgoingMessage, deadline: float) -> bool:
         channel = producer.channel
         returned = self._returns_on(channel)
-        exchange = exchange_to_declare(message)
         declared = self._declared.setdefault(channel, set())
-        if exchange is not None and exchange.name not in declared:
+        exchange = exchange_to_declare(message) if message.exchange not in declared else None
+        if exchange is not None:
             exchange.declare(channel=channel)
             declared.add(exchange.name)
-        send(producer, message, confirm_timeout=max(0.1, deadline - time.monotonic()))
+        send(channel, message, confirm_timeout=max(0.1, deadline - time.monotonic()))
         if message.message_id in returned:
             returned.discard(message.message_id)
             return False
@@ -225,7 +228,7 @@ class ConfirmedBatchPublisher:
         while True:
             try:
                 self._declare_exchange_of(message)
-                send(self.producer, message)
+                send(self.channel, message)
                 break
             except self._errors as exc:
                 self._go_on_elsewhere(exc, deadline)
@@ -269,7 +272,6 @@ class ConfirmedBatchPublisher:
         self.channel: Any = self.connection.channel()
         self.channel.confirm_select()
         self._declared: set[str] = set()
-        self.producer = Producer(self.channel)
         self._next_tag = 1  # delivery tags count per channel
         self.channel.events["basic_ack"].add(self._on_ack)
         self.channel.events["basic_nack"].add(self._on_nack)
@@ -312,7 +314,7 @@ class ConfirmedBatchPublisher:
                 self._pending = {}
                 for key, message in unconfirmed:
                     self._declare_exchange_of(message)
-                    send(self.producer, message)
+                    send(self.channel, message)
                     self._pending[self._next_tag] = (key, message)
                     self._next_tag += 1
             except self._errors as exc:
@@ -330,8 +332,8 @@ class ConfirmedBatchPublisher:
         ) from error
 
     def _declare_exchange_of(self, message: OutgoingMessage) -> None:
-        exchange = exchange_to_declare(message)
-        if exchange is not None and exchange.name not in self._declared:
+        exchange = exchange_to_declare(message) if message.exchange not in self._declared else None
+        if exchange is not None:
             exchange.declare(channel=self.channel)
             self._declared.add(exchange.name)
 

@@ -115,6 +115,8 @@ def fired(firing: Firing, result: str, error: BaseException | None = None) -> No
 
 def delayed(context: ServiceContext, message: OutgoingMessage, delay: int) -> OutgoingMessage:
     """A fired message as published: through the delay ladder first when it waits ``delay`` seconds."""
+    if not delay:
+        return message
     return message.after(delay, delays.event_destination(message.event), context.now())
 
 
@@ -146,7 +148,7 @@ def fired_message(
     if eta is not None and countdown is None:
         countdown = delays.seconds_until(eta, now)
     message = OutgoingMessage(context.settings.exchange, event, headers, body, message_id)
-    return message, delays.whole_seconds(countdown or 0)
+    return message, delays.whole_seconds(countdown) if countdown else 0
 
 
 class Batch:

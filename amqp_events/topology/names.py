@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from amqp_events.errors import InvalidName
@@ -23,7 +24,14 @@ def check_service_name(service: object) -> str:
 
 
 def check_event_name(event: object) -> str:
-    if not isinstance(event, str) or not _EVENT.match(event):
+    if not isinstance(event, str):
+        raise InvalidName(f"event name {event!r} must be a string, like 'billing.invoice.paid'")
+    return _checked_event_name(event)
+
+
+@functools.lru_cache(maxsize=4096)  # firing checks the name every time: the names an app fires are few
+def _checked_event_name(event: str) -> str:
+    if not _EVENT.match(event):
         raise InvalidName(
             f"event name {event!r} must be dot-separated words of letters, digits, '_' or '-', "
             "like 'billing.invoice.paid'"

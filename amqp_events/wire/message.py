@@ -65,7 +65,7 @@ def parse_time(value: Any) -> datetime | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     """A message ready for :mod:`amqp_events.publisher`.
 
