@@ -26,7 +26,7 @@ def firing(bench: Bench, size: Size) -> Result:
                     app.fire("bench.noop", kwargs={"n": n}, wire_format=wire_format)
                 rates[wire_format].append(size.fire_per_round / (time.perf_counter() - started))
         app.close()
-    return _compared("firing one event at a time", rates)
+    return _compared("firing one event at a time", rates, 0.9)
 
 
 def handling(bench: Bench, size: Size) -> Result:
@@ -35,10 +35,10 @@ def handling(bench: Bench, size: Size) -> Result:
     for repeat in range(size.repeats):
         for wire_format in FORMATS[repeat % 2 :] + FORMATS[: repeat % 2]:
             rates[wire_format].append(drain(bench, size, "ours", "solo", 1, wire_format=wire_format))
-    return _compared(f"handling {size.drain:,} waiting events, -P solo", rates)
+    return _compared(f"handling {size.drain:,} waiting events, -P solo", rates, 0.95)
 
 
-def _compared(what: str, rates: dict[str, list[float]]) -> Result:
+def _compared(what: str, rates: dict[str, list[float]], target: float) -> Result:
     celery, cloud_events = (median(rates[wire_format]) for wire_format in FORMATS)
     ratio = cloud_events / celery
     return Result(
@@ -46,7 +46,7 @@ def _compared(what: str, rates: dict[str, list[float]]) -> Result:
         f"{cloud_events:,.0f} events/s",
         f"the Celery format: {celery:,.0f} events/s",
         ratio,
-        ">= 0.9x the Celery format",
-        ratio >= 0.9,
+        f">= {target:g}x the Celery format",
+        ratio >= target,
         {"CloudEvents": cloud_events, "Celery format": celery},
     )
