@@ -37,6 +37,8 @@ def main() -> int:
     # A SIGTERM must stop the broker and workers started here, as Ctrl-C does.
     signal.signal(signal.SIGTERM, interrupt)
     size = scenarios.QUICK if options.quick else scenarios.FULL
+    if not Path(handling.FASTSTREAM).exists():
+        sys.exit(f"{handling.FASTSTREAM} is missing: install the bench extra (pip install -e '.[bench]')")
     started = time.monotonic()
     results = []
     with tempfile.TemporaryDirectory(prefix="amqp-events-bench-") as workdir, Bench(Path(workdir)) as bench:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from amqp_events.local.broker import ephemeral_range, free_ports
+from amqp_events.local.processes import ephemeral_range, free_ports
 
 
 def test_free_ports_are_distinct_bindable_and_outside_theephemeral_range():

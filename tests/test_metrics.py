@@ -6,7 +6,7 @@ import pytest
 from conftest import scrape, value, wait_archived
 
 from amqp_events.exporter import Exporter
-from amqp_events.local.broker import free_port
+from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 
 

@@ -16,7 +16,7 @@ from conftest import wait_archived
 
 from amqp_events import events_app
 from amqp_events.exporter import Exporter
-from amqp_events.local.broker import free_port
+from amqp_events.local.processes import free_port
 from amqp_events.metrics import instruments
 from amqp_events.testing import wait_for
 

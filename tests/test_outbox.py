@@ -16,7 +16,8 @@ from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session
 
 from amqp_events import events_app
-from amqp_events.local.broker import LocalBroker, free_port
+from amqp_events.local.broker import LocalBroker
+from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 
 

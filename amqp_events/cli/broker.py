@@ -11,8 +11,9 @@ import click
 from amqp_events.cli.context import expecting
 from amqp_events.errors import LocalServerError
 from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, started_in
-from amqp_events.local.broker import LocalBroker, port_is_free
+from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.local.processes import port_is_free
 
 F = TypeVar("F", bound=Callable[..., Any])
 

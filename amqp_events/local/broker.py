@@ -5,18 +5,14 @@ use this one class. The node never touches a system RabbitMQ: it gets its own
 node name, AMQP/distribution/epmd/management ports, data and log directories
 and Erlang cookie, all under ``directory``. Everything it starts is recorded
 by PID in ``directory/state.json`` so that ``stop`` ends exactly those
-processes, also from another process.
+processes, also from another process. It runs the machine's RabbitMQ or
+another line installed in a Debian root (:mod:`~amqp_events.local.installation`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
-import shutil
-import signal
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -24,60 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from amqp_events.errors import LocalServerError
+from amqp_events.local import processes
+from amqp_events.local.installation import Installation, find
 from amqp_events.management import ManagementAPI
 
-RABBITMQ_SBIN = Path("/usr/lib/rabbitmq/bin")
-INSTALL_HINT = (
-    "RabbitMQ is not installed: install Debian's package with "
-    "`sudo apt-get update && sudo apt-get install -y rabbitmq-server` "
-    "(the system service does not need to run)"
-)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing uses right now (see :func:`free_ports`)."""
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1 that nothing uses right now.
-
-    They are chosen outside the kernel's ephemeral range: a port from that range
-    can be handed to any process's outgoing connection between the moment it is
-    chosen and the moment the node binds it, and the node would then fail to start.
-    """
-    low, high = ephemeral_range()
-    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
-    chosen: list[int] = []
-    with contextlib.ExitStack() as held:  # held until all are chosen, so that none is chosen twice
-        for port in random.sample(candidates, len(candidates)):
-            sock = held.enter_context(socket.socket())
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            chosen.append(port)
-            if len(chosen) == count:
-                return chosen
-    raise LocalServerError(f"fewer than {count} free TCP ports outside the range {low}-{high}")
-
-
-def port_is_free(port: int) -> bool:
-    """Can a server bind ``port`` on 127.0.0.1 right now?"""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass
@@ -94,6 +41,10 @@ class NodeState:
     epmd_pid: int = 0
     #: HOME of the node: where its Erlang cookie is (shared by the nodes of a cluster).
     home: str = ""
+    #: The loopback address the node listens on (its own, in a cluster: see :mod:`~amqp_events.local.partition`).
+    host: str = LOOPBACK
+    #: The root of the RabbitMQ installation it runs (``/``: the machine's own).
+    rabbitmq_root: str = "/"
 
 
 class LocalBroker:
@@ -104,6 +55,10 @@ class LocalBroker:
     >>> broker.url               # doctest: +SKIP
     'amqp://guest:guest@127.0.0.1:40123/'
     >>> broker.stop()            # doctest: +SKIP
+
+    ``rabbitmq`` picks the installation (default: :func:`~amqp_events.local.installation.find`),
+    ``host`` a loopback address of the node's own (``127.x.y.z``: a node name with that address,
+    distribution traffic from and to it only).
     """
 
     def __init__(
@@ -114,6 +69,8 @@ class LocalBroker:
         *,
         epmd_port: int | None = None,
         home: Path | None = None,
+        rabbitmq: Installation | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         self.directory = Path(directory).absolute()
         self.requested_port = port
@@ -121,6 +78,7 @@ class LocalBroker:
         self.config = dict(config or {})
         #: A cluster's: its epmd (which the cluster runs, not the node) and its nodes' common HOME.
         self.shared_epmd_port, self.shared_home = epmd_port, home
+        self.requested_rabbitmq, self.requested_host = rabbitmq, host
         self.state: NodeState | None = self._load_state()
 
     # -- public API -------------------------------------------------------
@@ -133,29 +91,35 @@ class LocalBroker:
     def vhost_url(self, vhost: str) -> str:
         state = self._require_state()
         path = "" if vhost == "/" else urllib.parse.quote(vhost, safe="")
-        return f"amqp://guest:guest@127.0.0.1:{state.amqp_port}/{path}"
+        return f"amqp://guest:guest@{state.host}:{state.amqp_port}/{path}"
 
     @property
     def management_url(self) -> str:
-        return f"http://127.0.0.1:{self._require_state().management_port}"
+        state = self._require_state()
+        return f"http://{state.host}:{state.management_port}"
+
+    @property
+    def rabbitmq(self) -> Installation:
+        """The RabbitMQ installation the node runs (chosen when it is first started)."""
+        if self.state is not None:
+            return Installation(Path(self.state.rabbitmq_root))
+        return self.requested_rabbitmq or find()
 
     def is_running(self) -> bool:
-        return self.state is not None and _alive(self.state.server_pid)
+        return self.state is not None and processes.alive(self.state.server_pid)
 
     def start(self, timeout: float = 90.0) -> None:
         """Start the node (keeping data from an earlier run) and wait until it accepts AMQP connections."""
         if self.is_running():
             return
-        server = RABBITMQ_SBIN / "rabbitmq-server"
-        if not server.exists() or shutil.which("epmd") is None:
-            raise LocalServerError(INSTALL_HINT)
         state = self.state or self._new_state()
+        Installation(Path(state.rabbitmq_root)).check()
         for path in (self.directory / "mnesia", self.directory / "log", Path(state.home)):
             path.mkdir(parents=True, exist_ok=True)
         self._write_config(state)
-        if self.shared_epmd_port is None and not _alive(state.epmd_pid):  # after kill() the node's epmd is still up
-            state.epmd_pid = self._spawn(["epmd", "-port", str(state.epmd_port)], state, self.directory / "epmd.out")
-        state.server_pid = self._spawn([str(server)], state, self.directory / "server.out")
+        if self.shared_epmd_port is None and not processes.alive(state.epmd_pid):  # kill() leaves the epmd up
+            state.epmd_pid = self._spawn("epmd", ["-port", str(state.epmd_port)], state, "epmd.out")
+        state.server_pid = self._spawn("rabbitmq-server", [], state, "server.out")
         self.state = state
         self._save_state()
         try:
@@ -169,21 +133,15 @@ class LocalBroker:
         state = self.state
         if state is None:
             return
-        _terminate(state.server_pid, timeout, also=self.beam_pid())
-        _terminate(state.epmd_pid, 10.0)
+        processes.terminate(state.server_pid, timeout, also=self.beam_pid())
+        processes.terminate(state.epmd_pid, 10.0)
         state.server_pid = state.epmd_pid = 0
         self._save_state()
 
     def kill(self) -> None:
         """Crash the node: SIGKILL the Erlang VM, as a power cut would. ``start()`` brings it back."""
         state = self._require_state()
-        beam = self.beam_pid()
-        for pid in (beam, state.server_pid):
-            if pid and _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        for pid in (beam, state.server_pid):
-            if pid:
-                _wait_gone(pid, 10.0)
+        processes.kill(self.beam_pid(), state.server_pid)
         state.server_pid = 0
         self._save_state()
 
@@ -198,42 +156,48 @@ class LocalBroker:
         text = "".join(path.read_text(errors="replace") for path in logs)
         return "\n".join(text.splitlines()[-lines:])
 
-    # -- internals --------------------------------------------------------
-
     def rabbitmqctl(self, *args: str, timeout: float = 60.0, program: str = "rabbitmqctl") -> str:
         """Run ``rabbitmqctl`` (or ``rabbitmq-queues``, ...) against this node; returns its output."""
         state = self._require_state()
-        done = subprocess.run(
-            [str(RABBITMQ_SBIN / program), "-n", state.nodename, *args],
-            env=self._environment(state),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        argv, environment = self._command(program, ["-n", state.nodename, *args], state)
+        done = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise LocalServerError(f"{program} {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
         return done.stdout
 
+    def beam_pid(self) -> int:
+        """PID of the node's Erlang VM (started by ``rabbitmq-server``), 0 when unknown."""
+        try:
+            return int((self.directory / "rabbitmq.pid").read_text().strip())
+        except (OSError, ValueError):
+            return 0
+
+    # -- internals --------------------------------------------------------
+
     def _new_state(self) -> NodeState:
-        amqp_port, dist_port, epmd_port, management_port, prometheus_port = free_ports(5)
+        amqp_port, dist_port, epmd_port, management_port, prometheus_port = processes.free_ports(5)
         amqp_port = self.requested_port or amqp_port
+        host = self.requested_host
         return NodeState(
-            nodename=f"amqp-events-{amqp_port}@localhost",
+            nodename=f"amqp-events-{amqp_port}@{'localhost' if host == LOOPBACK else host}",
             amqp_port=amqp_port,
             dist_port=dist_port,
             epmd_port=self.shared_epmd_port or epmd_port,
             management_port=management_port,
             prometheus_port=prometheus_port,
             home=str(self.shared_home or self.directory / "home"),
+            host=host,
+            rabbitmq_root=str((self.requested_rabbitmq or find()).root),
         )
 
-    def _environment(self, state: NodeState) -> dict[str, str]:
+    def _command(self, program: str, args: list[str], state: NodeState) -> tuple[list[str], dict[str, str]]:
+        """``program`` of the node's installation, in the node's environment."""
         base = self.directory
-        return {
+        environment = {
             **os.environ,
-            "HOME": state.home or str(base / "home"),
+            "HOME": state.home,
             "RABBITMQ_NODENAME": state.nodename,
-            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_IP_ADDRESS": state.host,
             "RABBITMQ_NODE_PORT": str(state.amqp_port),
             "RABBITMQ_DIST_PORT": str(state.dist_port),
             "ERL_EPMD_PORT": str(state.epmd_port),
@@ -245,17 +209,21 @@ class LocalBroker:
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
         }
+        if state.host != LOOPBACK:  # a node name with an address is a long name
+            environment["RABBITMQ_USE_LONGNAME"] = "true"
+        directories = [base] if Path(state.home).is_relative_to(base) else [base, Path(state.home)]
+        return Installation(Path(state.rabbitmq_root)).command(program, args, environment, directories)
 
     def _write_config(self, state: NodeState) -> None:
         base = self.directory
         (base / "rabbitmq.conf").write_text(
             "\n".join(
                 [
-                    f"listeners.tcp.default = 127.0.0.1:{state.amqp_port}",
+                    f"listeners.tcp.default = {state.host}:{state.amqp_port}",
                     f"management.tcp.port = {state.management_port}",
-                    "management.tcp.ip = 127.0.0.1",
+                    f"management.tcp.ip = {state.host}",
                     f"prometheus.tcp.port = {state.prometheus_port}",
-                    "prometheus.tcp.ip = 127.0.0.1",
+                    f"prometheus.tcp.ip = {state.host}",
                     "log.file.level = info",
                     "log.console = false",
                     *(f"{key} = {value}" for key, value in self.config.items()),
@@ -263,22 +231,18 @@ class LocalBroker:
                 ]
             )
         )
-        (base / "advanced.config").write_text("[].\n")
+        kernel = ""
+        if state.host != LOOPBACK:  # distribution listens on the node's address and connects from it
+            address = "{" + state.host.replace(".", ",") + "}"
+            settings = f"{{inet_dist_use_interface, {address}}}, {{inet_dist_connect_options, [{{ip, {address}}}]}}"
+            kernel = f"{{kernel, [{settings}]}}"
+        (base / "advanced.config").write_text(f"[{kernel}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "enabled_plugins").write_text("[rabbitmq_management,rabbitmq_prometheus].\n")
 
-    def _spawn(self, argv: list[str], state: NodeState, output: Path) -> int:
-        with output.open("ab") as out:
-            process = subprocess.Popen(
-                argv,
-                env=self._environment(state),
-                cwd=self.directory,  # crash and Mnesia core dumps land with the node, not where it was started
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the node's
-            )
-        return process.pid
+    def _spawn(self, program: str, args: list[str], state: NodeState, output: str) -> int:
+        argv, environment = self._command(program, args, state)
+        return processes.spawn(argv, environment, self.directory, self.directory / output)
 
     def _wait_until_ready(self, timeout: float) -> None:
         import amqp
@@ -287,10 +251,10 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
-            if not _alive(state.server_pid):
+            if not processes.alive(state.server_pid):
                 raise LocalServerError(f"RabbitMQ exited during start-up; its log says:\n{self.log_tail()}")
             try:
-                connection = amqp.Connection(f"127.0.0.1:{state.amqp_port}", connect_timeout=2)
+                connection = amqp.Connection(f"{state.host}:{state.amqp_port}", connect_timeout=2)
                 connection.connect()
                 connection.close()
                 return
@@ -301,13 +265,6 @@ class LocalBroker:
             f"RabbitMQ did not accept connections within {timeout:.0f}s ({last_error}); "
             f"its log says:\n{self.log_tail()}"
         )
-
-    def beam_pid(self) -> int:
-        """PID of the node's Erlang VM (started by ``rabbitmq-server``), 0 when unknown."""
-        try:
-            return int((self.directory / "rabbitmq.pid").read_text().strip())
-        except (OSError, ValueError):
-            return 0
 
     def _require_state(self) -> NodeState:
         if self.state is None:
@@ -324,41 +281,3 @@ class LocalBroker:
         assert self.state is not None
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "state.json").write_text(json.dumps(asdict(self.state), indent=2))
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _alive(pid):
-            _reap(pid)
-            return True
-        _reap(pid)
-        time.sleep(0.05)
-    return not _alive(pid)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _terminate(pid: int, timeout: float, also: int = 0) -> None:
-    """SIGTERM ``pid``; SIGKILL it (and ``also``) if it outlives ``timeout``."""
-    if pid and _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        if _wait_gone(pid, timeout):
-            return
-    for victim in (pid, also):
-        if victim and _alive(victim):
-            os.kill(victim, signal.SIGKILL)
-            _wait_gone(victim, 10.0)

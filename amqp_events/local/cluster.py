@@ -1,9 +1,10 @@
 """A private RabbitMQ cluster of several nodes on loopback (development and tests only).
 
-Each node is a :class:`~amqp_events.testing.broker.LocalBroker` in a
-directory of its own with its own node name and ports; the nodes share one
-Erlang cookie (a common HOME) and one epmd, which the cluster runs. The
-first node starts alone; the others start, then join it. The whole layout is
+Each node is a :class:`~amqp_events.local.broker.LocalBroker` in a
+directory of its own with its own loopback address (``127.x.y.1``, ``.2``,
+...: what :mod:`~amqp_events.local.partition` cuts apart), node name and
+ports; the nodes share one Erlang cookie (a common HOME) and one epmd, which
+the cluster runs. The first node starts alone; the others start, then join it. The whole layout is
 saved in ``cluster.json`` so that ``amqp-events broker status|stop|kill|restart``
 work from another process.
 """
@@ -11,6 +12,8 @@ work from another process.
 from __future__ import annotations
 
 import json
+import os
+import random
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from amqp_events.errors import LocalServerError
-from amqp_events.local.broker import LocalBroker, _alive, _terminate, free_port
+from amqp_events.local import partition as cutting
+from amqp_events.local import processes
+from amqp_events.local.broker import LocalBroker
+from amqp_events.local.installation import Installation, find
 from amqp_events.management import ManagementAPI
 
-#: Leaders of new quorum queues spread over the nodes (the default puts them on the declaring client's node).
-CLUSTER_CONFIG = {"queue_leader_locator": "balanced"}
+CLUSTER_CONFIG = {
+    # Leaders of new quorum queues spread over the nodes (the default puts them on the declaring client's node).
+    "queue_leader_locator": "balanced",
+    # A node cut off from the majority pauses and closes its clients' connections: they move to the majority.
+    "cluster_partition_handling": "pause_minority",
+    # A cut is noticed within 8-12 s rather than the default 45-75 s.
+    "net_ticktime": "10",
+}
 
 
 class LocalCluster:
@@ -35,17 +47,28 @@ class LocalCluster:
     >>> cluster.kill(0)              # doctest: +SKIP  (a power cut of the first node)
     """
 
-    def __init__(self, directory: Path | str, size: int = 3, config: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        size: int = 3,
+        config: dict[str, str] | None = None,
+        rabbitmq: Installation | None = None,
+    ) -> None:
         self.directory = Path(directory).absolute()
         saved = self._load()
         self.size = int(saved.get("size", size))
-        self.epmd_port = int(saved.get("epmd_port") or free_port())
+        self.epmd_port = int(saved.get("epmd_port") or processes.free_port())
         self.epmd_pid = int(saved.get("epmd_pid", 0))
         self.joined = bool(saved.get("joined", False))
+        #: The nodes' addresses are ``{network}.1``, ``{network}.2``, ...: a network of its own on loopback.
+        self.network = str(saved.get("network") or f"127.{random.randint(1, 254)}.{random.randint(1, 254)}")
+        root = saved.get("rabbitmq_root")
+        self.requested_rabbitmq = Installation(Path(root)) if root else rabbitmq
         home = self.directory / "home"
         self.nodes = [
             LocalBroker(self.directory / f"node{n + 1}", config={**CLUSTER_CONFIG, **(config or {})},
-                        epmd_port=self.epmd_port, home=home)
+                        epmd_port=self.epmd_port, home=home, rabbitmq=self.requested_rabbitmq,
+                        host=f"{self.network}.{n + 1}")
             for n in range(self.size)
         ]  # fmt: skip
 
@@ -81,11 +104,13 @@ class LocalCluster:
     def start(self, timeout: float = 120.0) -> None:
         """Start every node that is not running (joining them into one cluster the first time); wait for all."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        if not _alive(self.epmd_pid):
-            log = (self.directory / "epmd.out").open("ab")
-            self.epmd_pid = subprocess.Popen(
-                ["epmd", "-port", str(self.epmd_port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            ).pid
+        rabbitmq = self.requested_rabbitmq = self.requested_rabbitmq or find()
+        rabbitmq.check()
+        for node in self.nodes:
+            node.requested_rabbitmq = rabbitmq
+        if not processes.alive(self.epmd_pid):
+            argv, environment = rabbitmq.command("epmd", ["-port", str(self.epmd_port)], os.environ)
+            self.epmd_pid = processes.spawn(argv, environment, self.directory, self.directory / "epmd.out")
         self._save()
         first, others = self.nodes[0], self.nodes[1:]
         first.start(timeout)
@@ -132,11 +157,20 @@ class LocalCluster:
         node.start(timeout)
         self.wait_until_running(timeout)
 
+    def partition(self, *indices: int) -> None:
+        """Cut the nodes ``indices`` (0-based) off from the others (:mod:`~amqp_events.local.partition`)."""
+        cutting.cut(self.network, indices, self.size)
+
+    def heal(self) -> bool:
+        """Undo :meth:`partition`; returns whether the cluster was cut."""
+        return cutting.heal(self.network)
+
     def stop(self, timeout: float = 60.0) -> None:
-        """Stop every node, then the cluster's epmd."""
+        """Stop every node (healing a partition first), then the cluster's epmd."""
+        self.heal()
         with ThreadPoolExecutor(self.size) as pool:
             list(pool.map(lambda node: node.stop(timeout), reversed(self.nodes)))
-        _terminate(self.epmd_pid, 10.0)
+        processes.terminate(self.epmd_pid, 10.0)
         self.epmd_pid = 0
         self._save()
 
@@ -147,5 +181,12 @@ class LocalCluster:
             return {}
 
     def _save(self) -> None:
-        layout = {"size": self.size, "epmd_port": self.epmd_port, "epmd_pid": self.epmd_pid, "joined": self.joined}
+        layout = {
+            "size": self.size,
+            "epmd_port": self.epmd_port,
+            "epmd_pid": self.epmd_pid,
+            "joined": self.joined,
+            "network": self.network,
+            "rabbitmq_root": str(self.requested_rabbitmq.root) if self.requested_rabbitmq else None,
+        }
         (self.directory / "cluster.json").write_text(json.dumps(layout, indent=2))

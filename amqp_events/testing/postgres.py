@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from amqp_events.errors import LocalServerError
-from amqp_events.local.broker import free_port
+from amqp_events.local.processes import free_port
 
 INSTALL_HINT = (
     "PostgreSQL is not installed: install Debian's package with "

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from amqp_events.errors import LocalServerError
-from amqp_events.local.broker import free_port
+from amqp_events.local.processes import free_port
 
 INSTALL_HINT = "Redis is not installed: install Debian's package with `sudo apt-get install -y redis-server`"
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import shlex
 from typing import Any
 
 from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Queue
 
 from amqp_events.errors import TopologyMismatch
-from amqp_events.topology.layout import PLACEMENT, Topology
+from amqp_events.topology.layout import DELIVERY_LIMIT, KEPT_AS_THEY_ARE, NO_DELIVERY_LIMIT, Topology
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +60,12 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
     """Declare every exchange, queue and binding of ``topology`` (idempotent).
 
     Raises :class:`TopologyMismatch` when something exists with other
-    arguments; except that a queue created without the arguments that only
-    place its replicas (by an earlier version, or by hand) is kept as it is:
-    returns the names of such queues (``topology check`` notes them).
+    arguments; except that a queue created (by an earlier version, or by
+    hand) without the arguments that only place its replicas, or with another
+    delivery limit or none, is kept as it is: returns the names of such queues
+    (``topology check`` notes them).
     """
-    kept: list[str] = []
+    kept: dict[str, list[str]] = {}
     channel: Any = connection.channel()
     try:
         for exchange in topology.exchanges:
@@ -79,17 +82,35 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
             channel.close()
     if kept:
         logger.warning(
-            "%d queue(s) exist without %s (created by an earlier version, or by hand) and were kept as they are; "
-            "`amqp-events topology check` shows their replicas: %s",
+            "%d queue(s) exist with other arguments than this version declares (created by an earlier version, "
+            "or by hand) and were kept as they are; `amqp-events topology check` shows them: %s",
             len(kept),
-            " or ".join(PLACEMENT),
-            ", ".join(kept),
+            ", ".join(f"{name} ({', '.join(arguments)})" for name, arguments in kept.items()),
         )
-    return kept
+    for name, arguments in kept.items():
+        if DELIVERY_LIMIT in arguments and name == topology.archive.name:
+            logger.warning(
+                "the archive %s has its own delivery limit or none: on RabbitMQ 4.0 and later, reading an archive "
+                "counts as a delivery and a message past the limit (20 by default) is dropped. Lift the limit with "
+                "a policy (it replaces other policies of that queue): %s",
+                name,
+                archive_policy_command(name, connection.virtual_host),
+            )
+    return list(kept)
 
 
-def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: list[str]) -> Any:
-    """Declare ``queue``; on a mismatch of a placement argument only, declare it without that argument.
+def archive_policy_command(archive: str, vhost: str) -> str:
+    """The command that lifts the delivery limit of an ``archive`` queue created without the library's own."""
+    pattern = "^" + re.escape(archive) + "$"
+    definition = json.dumps({"delivery-limit": NO_DELIVERY_LIMIT})
+    return (
+        f"rabbitmqctl set_policy -p {shlex.quote(vhost)} --apply-to queues --priority 10 "
+        f"{shlex.quote(archive + '-delivery-limit')} {shlex.quote(pattern)} {shlex.quote(definition)}"
+    )
+
+
+def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: dict[str, list[str]]) -> Any:
+    """Declare ``queue``; on a mismatch of an argument it may be kept without, declare it without that one.
 
     Returns the channel to go on with (a refused declaration closes its channel).
     """
@@ -100,11 +121,10 @@ def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: lis
             return channel
         except PreconditionFailed as error:
             found = mismatch(error)
-            if found.kind != "queue" or found.argument not in PLACEMENT or found.argument not in arguments:
+            if found.kind != "queue" or found.argument not in KEPT_AS_THEY_ARE or found.argument not in arguments:
                 raise found from None
             del arguments[found.argument]
-            if queue.name not in kept:
-                kept.append(queue.name)
+            kept.setdefault(queue.name, []).append(found.argument)
             channel = connection.channel()
 
 

@@ -27,9 +27,18 @@ from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.names import archive_queue_name, check_service_name, event_queue_name
 
-#: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue): an
-#: existing queue declared without them is kept as it is (see :func:`amqp_events.topology.declare.declare_topology`).
+#: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
 PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
+#: RabbitMQ's bound on how often a quorum queue gives a message out without an outcome; past it the message is
+#: dead-lettered. RabbitMQ 4.0 sets 20 on queues that do not say; the library says, so that its own count decides.
+DELIVERY_LIMIT = "x-delivery-limit"
+#: The archive is read by taking its messages and giving them back, which RabbitMQ counts as deliveries: with
+#: RabbitMQ 4.0's default an archived message would be dropped on its 21st read. (-1, "no limit" on 4.0, means
+#: 0 on 3.10.)
+NO_DELIVERY_LIMIT = 2**31 - 1
+#: Arguments an existing queue may lack (created by an earlier version, or by hand) or have otherwise: it is kept
+#: as it is (see :func:`amqp_events.topology.declare.declare_topology`), and ``topology check`` notes it.
+KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT)
 #: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
 SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
@@ -178,9 +187,11 @@ def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, li
         queue_arguments={
             **quorum(settings),
             **SAFE_DEAD_LETTERING,
-            # A rejected message comes straight back here, with an x-death entry the worker counts.
+            # A rejected message comes straight back here, with an x-death entry the worker counts; so does
+            # one returned more often than the delivery limit, which the worker then archives.
             "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
             "x-dead-letter-routing-key": delays.routing_key(0, delays.queue_destination(name)),
+            DELIVERY_LIMIT: settings.max_redeliveries,
         },
     )
     delivery = delivery_exchange()
@@ -197,7 +208,11 @@ def archive_queue(service: str, settings: Settings) -> Queue:
         routing_key=archive_queue_name(service),
         durable=True,
         auto_delete=False,
-        queue_arguments={**quorum(settings), **bounded(settings.archive_ttl_ms, settings.archive_max_length)},
+        queue_arguments={
+            **quorum(settings),
+            **bounded(settings.archive_ttl_ms, settings.archive_max_length),
+            DELIVERY_LIMIT: NO_DELIVERY_LIMIT,
+        },
     )
 
 

@@ -1,0 +1,123 @@
+"""Ports and processes of the local servers: free ports to give them, and stopping exactly the PIDs started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from amqp_events.errors import LocalServerError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing uses right now (see :func:`free_ports`)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1 that nothing uses right now.
+
+    They are chosen outside the kernel's ephemeral range: a port from that range
+    can be handed to any process's outgoing connection between the moment it is
+    chosen and the moment the node binds it, and the node would then fail to start.
+    """
+    low, high = ephemeral_range()
+    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
+    chosen: list[int] = []
+    with contextlib.ExitStack() as held:  # held until all are chosen, so that none is chosen twice
+        for port in random.sample(candidates, len(candidates)):
+            sock = held.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise LocalServerError(f"fewer than {count} free TCP ports outside the range {low}-{high}")
+
+
+def port_is_free(port: int) -> bool:
+    """Can a server bind ``port`` on 127.0.0.1 right now?"""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def spawn(argv: Sequence[str], environment: Mapping[str, str], directory: Path, output: Path) -> int:
+    """Start ``argv`` in the background in ``directory``, its output appended to ``output``; returns its PID."""
+    with output.open("ab") as out:
+        process = subprocess.Popen(
+            list(argv),
+            env=dict(environment),
+            cwd=directory,  # crash dumps land with the server, not where it was started
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the server's
+        )
+    return process.pid
+
+
+def alive(pid: int) -> bool:
+    """Does process ``pid`` run (a zombie does not)?"""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``pid`` to end (reaping it if it is our child); has it?"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            _reap(pid)
+            return True
+        _reap(pid)
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def terminate(pid: int, timeout: float, also: int = 0) -> None:
+    """SIGTERM ``pid``; SIGKILL it (and ``also``) if it outlives ``timeout``."""
+    if pid and alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        if wait_gone(pid, timeout):
+            return
+    kill(pid, also)
+
+
+def kill(*pids: int) -> None:
+    """SIGKILL each of ``pids`` that runs, and wait until it is gone."""
+    for pid in pids:
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        if pid:
+            wait_gone(pid, 10.0)
