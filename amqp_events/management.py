@@ -66,6 +66,10 @@ class ManagementAPI:
     def bindings(self, vhost: str) -> list[dict[str, Any]]:
         return list(self.request("GET", f"/api/bindings/{_quote(vhost)}"))
 
+    def version(self) -> str:
+        """The RabbitMQ version of the node answering (``"4.0.5"``)."""
+        return str(self.request("GET", "/api/overview").get("rabbitmq_version", ""))
+
     def nodes(self) -> list[dict[str, Any]]:
         """The cluster's nodes, running or not (``name``, ``running``, ...)."""
         return list(self.request("GET", "/api/nodes"))

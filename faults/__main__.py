@@ -1,4 +1,4 @@
-"""``python -m faults [--events N] [--duration S]``: one fault-injection run, its audit as a Markdown table."""
+"""``python -m faults [--events N] [--cluster 3 [--partition]]``: one fault-injection run, its audit in Markdown."""
 
 from __future__ import annotations
 
@@ -18,12 +18,17 @@ def main() -> int:
     parser.add_argument("--outbox", action="store_true", help="fire through the transactional outbox (PostgreSQL)")
     parser.add_argument("--inbox", action="store_true", help="handlers write their effects through the inbox")
     parser.add_argument("--cluster", type=int, default=0, metavar="N", help="a cluster of N nodes, killed in rotation")
+    parser.add_argument(
+        "--partition", action="store_true", help="with --cluster: nodes cut off in rotation, not killed"
+    )
     options = parser.parse_args()
+    if options.partition and options.cluster < 3:
+        parser.error("--partition needs --cluster 3 (or more): a majority must go on")
     duration = options.duration or options.events / 60
     with tempfile.TemporaryDirectory(prefix="amqp-events-faults-") as workdir:
         report = run(
             options.events, Path(workdir), duration, options.seed,
-            outbox=options.outbox, inbox=options.inbox, cluster=options.cluster,
+            outbox=options.outbox, inbox=options.inbox, cluster=options.cluster, partition=options.partition,
         )  # fmt: skip
     print("| | |\n|---|---|")
     print(report.table())

@@ -101,3 +101,13 @@ def test_zero_limits_mean_unbounded_not_drop_everything(worker, producer, archiv
 def test_an_archive_that_does_not_exist_is_a_clear_error(producer):
     with pytest.raises(Exception, match=r"NOT_FOUND.*nobody\.archive"):
         producer.archive("nobody").list()
+
+
+def test_reading_the_archive_many_times_loses_nothing(worker, producer, archive_of):
+    """Browsing takes messages and gives them back, which RabbitMQ counts as deliveries: on RabbitMQ 4.0 an archive
+    with the default delivery limit (20) would drop a message on its 21st read."""
+    worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, 2)
+    for _ in range(25):
+        assert [entry.id for entry in archive.list()] == ids

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import socket
+
+import pytest
 
 from amqp_events.local.processes import ephemeral_range, free_ports
 
@@ -15,3 +18,49 @@ def test_free_ports_are_distinct_bindable_and_outside_theephemeral_range():
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", port))
+
+
+def test_a_rabbitmq_line_is_found_by_name_or_refused_with_what_to_do(monkeypatch, tmp_path):
+    from amqp_events.errors import LocalServerError
+    from amqp_events.local.installation import find
+
+    monkeypatch.setenv("AMQP_EVENTS_RABBITMQ_ROOTS", str(tmp_path))  # no root installed there
+    with pytest.raises(LocalServerError, match=re.escape("unknown RabbitMQ line '9.9': 3.10 or 4.0")):
+        find("9.9")
+    machine = find()
+    assert machine.on_the_machine and machine.line in ("3.10", "4.0")
+    other = "4.0" if machine.line == "3.10" else "3.10"
+    with pytest.raises(LocalServerError, match=re.escape(f"amqp-events broker install {other}")):
+        find(other)
+    monkeypatch.setenv("AMQP_EVENTS_RABBITMQ", other)  # what the fixtures and `broker start` read
+    with pytest.raises(LocalServerError, match=re.escape(f"RabbitMQ {other} is not installed")):
+        find()
+
+
+def test_a_partition_cuts_off_some_nodes_never_none_or_all():
+    from amqp_events.errors import LocalServerError
+    from amqp_events.local.partition import cut, table_name
+
+    assert table_name("127.9.8") == "amqp_events_127_9_8"
+    for side in ([], [0, 1, 2], [3]):
+        with pytest.raises(LocalServerError, match="a partition cuts off 1 to 2 of the 3 nodes"):
+            cut("127.9.8", side, 3)
+
+
+@pytest.mark.broker
+def test_a_node_of_the_other_rabbitmq_line_starts_from_its_root_and_stops_without_a_trace(tmp_path):
+    from amqp_events.local.broker import LocalBroker
+    from amqp_events.local.installation import installed
+    from amqp_events.local.processes import alive
+
+    roots = [installation for installation in installed() if not installation.on_the_machine]
+    if not roots:
+        pytest.skip("no other RabbitMQ line installed beside the machine's (`amqp-events broker install 4.0`)")
+    node = LocalBroker(tmp_path / "node", rabbitmq=roots[0])
+    node.start()
+    try:
+        assert node.management.version() == roots[0].version
+        pids = [node.state.server_pid, node.state.epmd_pid]
+    finally:
+        node.stop()
+    assert not any(alive(pid) for pid in pids)

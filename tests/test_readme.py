@@ -391,3 +391,16 @@ def test_the_extras_bring_what_their_names_say():
     assert not any("psycopg" in requirement for requirement in extras["sqlalchemy"] + extras["django"])
     assert any("psycopg" in requirement for requirement in extras["postgres"])
     assert [requirement.split(">")[0] for requirement in extras["testing"]] == ["pytest"]
+
+
+def test_every_test_the_readme_names_exists():
+    """"Shown by" columns and paragraphs name tests (``test_archive.py::test_...``): renaming one must not leave a
+    dangling reference."""
+    named = set(re.findall(r"(test_\w+\.py)::(test_\w+)", README))
+    assert named
+    missing = [
+        f"{module}::{test}"
+        for module, test in sorted(named)
+        if not re.search(rf"^def {test}\(", (ROOT / "tests" / module).read_text(), flags=re.M)
+    ]
+    assert missing == []

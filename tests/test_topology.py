@@ -111,3 +111,46 @@ def test_the_check_notes_dead_letters_a_queue_holds_with_its_leader():
     assert note.kind == "note" and not note.wrong
     assert "4 dead-lettered message(s)" in note.detail and "restart its leader, b@h" in note.detail
     assert _replicas(Queue("q"), {**live, "messages_dlx": 0}, group_size=3, nodes=3) == []
+
+
+def test_an_untyped_queue_is_classic_on_every_rabbitmq_line():
+    """RabbitMQ 4.0 reports a queue declared without a type as classic, 3.10 reports no type: the same queue."""
+    from kombu import Queue
+
+    from amqp_events.topology.check import _queue_mismatches
+
+    queue = Queue("orders:a.b", durable=True)
+    for reported in ({}, {"x-queue-type": "classic"}):
+        assert _queue_mismatches(queue, {"durable": True, "arguments": reported}, "/", nodes=1) == []
+    [mismatch] = _queue_mismatches(queue, {"durable": True, "arguments": {"x-queue-type": "quorum"}}, "/", nodes=1)
+    assert "x-queue-type is 'quorum' on the broker, this service declares 'classic'" in mismatch.detail
+
+
+def test_an_archive_rabbitmq_4_would_drop_after_some_reads_is_at_risk_with_the_fix():
+    from amqp_events.topology.check import _delivery_limit
+
+    archive = topology(Settings()).archive
+    untouched = {"arguments": {}}
+    assert _delivery_limit(archive, untouched, "/", limited_by_default=False, browsed=True) == []  # 3.x: no limit
+    [risk] = _delivery_limit(archive, untouched, "/", limited_by_default=True, browsed=True)
+    assert risk.kind == "at-risk" and risk.wrong
+    assert "of 20 (the RabbitMQ 4 default)" in risk.detail
+    assert "rabbitmqctl set_policy -p / --apply-to queues" in risk.detail
+    assert '"delivery-limit": 2147483647' in risk.detail
+    limited = {"arguments": {"x-delivery-limit": 5}}
+    [low] = _delivery_limit(archive, limited, "/", limited_by_default=False, browsed=True)
+    assert "delivery limit 5" in low.detail
+    lifted = {"arguments": {}, "effective_policy_definition": {"delivery-limit": 2**31 - 1}}
+    assert _delivery_limit(archive, lifted, "/", limited_by_default=True, browsed=True) == []
+    assert _delivery_limit(archive, {"arguments": archive.queue_arguments}, "/", True, browsed=True) == []
+    [note] = _delivery_limit(topology().event_queues[0], limited, "/", limited_by_default=True, browsed=False)
+    assert not note.wrong and "keep amqp_events_max_redeliveries below it" in note.detail
+
+
+def test_every_queue_leaves_counting_deliveries_to_the_library():
+    """RabbitMQ 4.0's default limit of 20 would dead-letter a message into the queue it came from, which RabbitMQ
+    drops as a dead-letter cycle; the library's own count (amqp_events_max_redeliveries) archives it instead."""
+    layout = topology(Settings(max_redeliveries=7))
+    quorum = [queue for queue in layout.queues if queue.queue_arguments.get("x-queue-type") == "quorum"]
+    assert quorum == list(layout.queues)
+    assert {queue.queue_arguments["x-delivery-limit"] for queue in quorum} == {2**31 - 1}

@@ -53,3 +53,24 @@ def test_a_handler_that_exits_its_prefork_child_is_counted_as_a_lost_run(worker,
     assert archived.id == event_id and archived.reason == Reason.WORKER_LOST and archived.attempts == 3
     assert len(records.all(id=event_id)) == 3
     assert process.is_running()
+
+
+def test_a_message_given_out_more_than_rabbitmq_4_default_limit_is_archived_not_dropped(
+    worker, producer, records, archive_of, broker_url
+):
+    """Consumers that vanish with a message (no outcome) more than 20 times: RabbitMQ 4.0's default delivery limit
+    would dead-letter it into its own queue, which RabbitMQ drops as a cycle. The library's count decides."""
+    from kombu import Connection
+
+    env = {"MAX_REDELIVERIES": "25"}
+    worker("orders", env=env).stop()  # declares the queues
+    event_id = producer.fire("test.ping", ["vanishing"], {})
+    with Connection(broker_url) as connection:
+        for _ in range(25):
+            channel = connection.channel()
+            assert channel.basic_get("orders:test.ping", no_ack=False) is not None, "the message is gone"
+            channel.close()
+    worker("orders", env=env)
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.id == event_id and archived.reason == Reason.WORKER_LOST
+    assert records.all(id=event_id) == []  # never run

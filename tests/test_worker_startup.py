@@ -8,7 +8,7 @@ from kombu import Connection
 from amqp_events import TopologyMismatch, events_app
 from amqp_events.settings import Settings
 from amqp_events.topology.declare import declare_topology
-from amqp_events.topology.layout import PLACEMENT, service_topology
+from amqp_events.topology.layout import KEPT_AS_THEY_ARE, service_topology
 
 
 def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):
@@ -58,9 +58,9 @@ def test_topology_mismatch_names_queue_argument_values_and_fix(broker_url):
 
 
 def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker, broker_url, cli):
-    """0.2 declared quorum queues without the arguments that place replicas: upgrading must not stop workers."""
+    """0.2 declared quorum queues without replica placement and delivery limit: upgrading must not stop workers."""
     [queue] = service_topology("orders", ["test.ping"], Settings()).event_queues
-    earlier = {key: value for key, value in queue.queue_arguments.items() if key not in PLACEMENT}
+    earlier = {key: value for key, value in queue.queue_arguments.items() if key not in KEPT_AS_THEY_ARE}
     with Connection(broker_url) as connection:
         connection.default_channel.queue_declare(queue.name, durable=True, auto_delete=False, arguments=earlier)
     process = worker("orders")
@@ -68,6 +68,6 @@ def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker,
     checked = cli("topology", "check")
     assert checked.exit_code == 0, checked.output
     assert (
-        "note queue 'orders:test.ping': created without x-quorum-initial-group-size, x-queue-leader-locator"
-        in checked.output
+        "note queue 'orders:test.ping': created without x-quorum-initial-group-size, x-queue-leader-locator, "
+        "x-delivery-limit: kept as it is" in checked.output
     )

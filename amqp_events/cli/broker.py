@@ -1,4 +1,5 @@
-"""``amqp-events broker start|stop|status|kill|restart``: a private development RabbitMQ node, or a cluster."""
+"""``amqp-events broker start|stop|status|kill|restart|partition|heal|install``: a private development RabbitMQ
+node, or a cluster, of the machine's RabbitMQ or of another line installed beside it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from amqp_events.errors import LocalServerError
 from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, started_in
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.local.installation import DEBIAN_RELEASES, find, install, installed
 from amqp_events.local.processes import port_is_free
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,7 +39,7 @@ def directory_option(command: F) -> F:
 def cluster_in(directory: Path) -> LocalCluster:
     started = started_in(directory)
     if not isinstance(started, LocalCluster):
-        raise click.UsageError("kill and restart work on a cluster (`broker start --nodes 3`)")
+        raise click.UsageError("kill, restart, partition and heal work on a cluster (`broker start --nodes 3`)")
     return started
 
 
@@ -51,6 +53,8 @@ def node_of(cluster: LocalCluster, node: str) -> int:
 
 
 def describe(started: LocalBroker | LocalCluster) -> None:
+    rabbitmq = (started if isinstance(started, LocalBroker) else started.nodes[0]).rabbitmq
+    click.echo(f"RabbitMQ {rabbitmq.version}" + ("" if rabbitmq.on_the_machine else f" (from {rabbitmq.root})"))
     if isinstance(started, LocalBroker):
         click.echo(f"broker running: {started.url}")
         click.echo(f"management UI:  {started.management_url}/ (guest/guest)")
@@ -69,12 +73,22 @@ def describe(started: LocalBroker | LocalCluster) -> None:
 @directory_option
 @click.option("--port", type=int, help="AMQP port of a single node (default: 5672 when free, else a free one).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in one cluster.")
+@click.option(
+    "--rabbitmq",
+    envvar="AMQP_EVENTS_RABBITMQ",
+    help="The RabbitMQ line (3.10, 4.0) or the root of an installation to run; default: the machine's own.",
+)
 @expecting(LocalServerError)
-def broker_start(directory: Path, port: int | None, nodes: int) -> None:
+def broker_start(directory: Path, port: int | None, nodes: int, rabbitmq: str | None) -> None:
     """Start the node or the cluster (it keeps running after this command) and print its URLs."""
     if port is None and nodes == 1 and port_is_free(AMQP_PORT):
         port = AMQP_PORT
-    started = LocalCluster(directory, nodes) if nodes > 1 else LocalBroker(directory, port)
+    installation = find(rabbitmq)
+    started = (
+        LocalCluster(directory, nodes, rabbitmq=installation)
+        if nodes > 1
+        else LocalBroker(directory, port, rabbitmq=installation)
+    )
     started.start()
     describe(started)
 
@@ -123,3 +137,37 @@ def broker_restart(node: str, directory: Path) -> None:
     index = node_of(cluster, node)
     cluster.restart(index)
     click.echo(f"node {index + 1} is back")
+
+
+@broker.command("partition")
+@click.argument("nodes", nargs=-1, required=True)
+@directory_option
+@expecting(LocalServerError)
+def broker_partition(nodes: tuple[str, ...], directory: Path) -> None:
+    """Cut NODES (numbers or names) off from the other nodes of the cluster, as a network split would (needs root
+    and nftables). The side without a majority pauses (pause_minority); `broker heal` joins them again."""
+    cluster = cluster_in(directory)
+    indices = [node_of(cluster, node) for node in nodes]
+    cluster.partition(*indices)
+    click.echo(f"cut node(s) {', '.join(str(index + 1) for index in indices)} off from the others")
+
+
+@broker.command("heal")
+@directory_option
+@expecting(LocalServerError)
+def broker_heal(directory: Path) -> None:
+    """Undo `broker partition`."""
+    click.echo("healed" if cluster_in(directory).heal() else "the cluster was not cut")
+
+
+@broker.command("install")
+@click.argument("line", type=click.Choice(sorted(DEBIAN_RELEASES)))
+@expecting(LocalServerError)
+def broker_install(line: str) -> None:
+    """Install Debian's RabbitMQ LINE beside the machine's own (needs root and debootstrap), for
+    `broker start --rabbitmq LINE` and the test suite (AMQP_EVENTS_RABBITMQ=LINE)."""
+    for found in installed():
+        if found.line == line:
+            click.echo(f"RabbitMQ {found.version} is installed" + ("" if found.on_the_machine else f" in {found.root}"))
+            return
+    install(line, echo=click.echo)

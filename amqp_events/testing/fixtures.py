@@ -6,13 +6,15 @@ Enable them in a ``conftest.py`` with ``pytest_plugins = ["amqp_events.testing.f
   turns the in-process mode (:mod:`amqp_events.testing.in_process`) on for
   the rest of the test: no broker, no worker, a virtual clock.
 * ``rabbitmq`` (session): a private throwaway node started in a temporary
-  directory (see :mod:`amqp_events.testing.broker`), or the broker at
+  directory (see :mod:`amqp_events.local.broker`), or the broker at
   ``$AMQP_URL`` when that is set (its management API must be reachable, at
-  ``$AMQP_MANAGEMENT_URL`` or on port 15672 of the same host).
+  ``$AMQP_MANAGEMENT_URL`` or on port 15672 of the same host). The private
+  nodes run the machine's RabbitMQ, or the line ``$AMQP_EVENTS_RABBITMQ``
+  names (``4.0``: see ``amqp-events broker install``).
 * ``broker_url``: a fresh vhost for the test, deleted afterwards.
 * ``rabbitmq_cluster`` (session): a private three-node cluster; ``cluster``: it,
-  with every node running again after the test; ``cluster_url``: a multi-host
-  URL of a fresh vhost of it.
+  healed and with every node running again after the test; ``cluster_url``: a
+  multi-host URL of a fresh vhost of it.
 * ``postgres`` (session): a private PostgreSQL cluster; ``postgres_url``: a
   fresh database of it for the test.
 * ``redis_server`` (session): a private Redis server; ``redis_url``: its
@@ -105,6 +107,15 @@ class Cluster:
     def vhost_url(self, vhost: str) -> str:
         return self.nodes.vhost_url(vhost)
 
+    def partition(self, *indices: int) -> None:
+        """Cut the nodes ``indices`` (0-based) off from the others; the test's end heals it."""
+        self.nodes.partition(*indices)
+
+    def heal(self) -> None:
+        """Join the sides again and wait until every node runs the broker again."""
+        self.nodes.heal()
+        self.nodes.wait_until_running()
+
     def leader_of(self, vhost: str, queue: str) -> int:
         """The index of the node that leads ``queue`` now."""
         info = self.management.request("GET", f"/api/queues/{urllib.parse.quote(vhost, safe='')}/{queue}")
@@ -124,10 +135,13 @@ def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
 
 @pytest.fixture
 def cluster(rabbitmq_cluster: Cluster) -> Iterator[Cluster]:
-    """The session's cluster for one test: every node it killed or stopped is running again afterwards."""
+    """The session's cluster for one test: healed, and every node it killed or stopped running again afterwards."""
     yield rabbitmq_cluster
+    healed = rabbitmq_cluster.nodes.heal()
     if not all(node.is_running() for node in rabbitmq_cluster.nodes.nodes):
         rabbitmq_cluster.nodes.start()
+    elif healed:  # the paused side comes back by itself
+        rabbitmq_cluster.nodes.wait_until_running()
 
 
 @pytest.fixture

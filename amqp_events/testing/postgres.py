@@ -13,13 +13,12 @@ import glob
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from amqp_events.errors import LocalServerError
+from amqp_events.local import processes
 from amqp_events.local.processes import free_port
 
 INSTALL_HINT = (
@@ -86,11 +85,8 @@ class LocalPostgres:
         if self.pid:
             with contextlib.suppress(LocalServerError, subprocess.TimeoutExpired):
                 self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", str(int(timeout)), "stop")
-            deadline = time.monotonic() + 10
-            while _alive(self.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _alive(self.pid):
-                os.kill(self.pid, signal.SIGKILL)
+            if not processes.wait_gone(self.pid, 10.0):
+                processes.kill(self.pid)
             self.pid = 0
         shutil.rmtree(self.directory, ignore_errors=True)
 
@@ -116,13 +112,3 @@ class LocalPostgres:
             raise LocalServerError(
                 f"{program} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}\n{self.log_tail()}"
             )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

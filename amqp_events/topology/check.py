@@ -9,7 +9,8 @@ from kombu import Exchange, Queue
 
 from amqp_events.management import ManagementAPI
 from amqp_events.topology import delays
-from amqp_events.topology.layout import PLACEMENT, Topology
+from amqp_events.topology.declare import no_delivery_limit_policy
+from amqp_events.topology.layout import DELIVERY_LIMIT, KEPT_AS_THEY_ARE, NO_DELIVERY_LIMIT, Topology
 
 #: (source exchange, destination, "queue" or "exchange", routing key)
 BindingKey = tuple[str, str, str, str]
@@ -19,8 +20,8 @@ BindingKey = tuple[str, str, str, str]
 class Difference:
     """One way the broker differs from the topology.
 
-    ``missing``, ``extra``, ``mismatch``, ``under-replicated``, ``leaderless``; or a ``note``, which is
-    worth knowing but not wrong (``topology check`` still succeeds).
+    ``missing``, ``extra``, ``mismatch``, ``under-replicated``, ``leaderless``, ``at-risk``; or a ``note``,
+    which is worth knowing but not wrong (``topology check`` still succeeds).
     """
 
     kind: str
@@ -45,6 +46,8 @@ class LiveTopology:
     bindings: set[BindingKey] = field(default_factory=set)
     #: The cluster's nodes (running or not).
     nodes: list[str] = field(default_factory=list)
+    #: The RabbitMQ version of the node that answered ("" when unknown).
+    version: str = ""
 
     @classmethod
     def read(cls, management: ManagementAPI, vhost: str) -> LiveTopology:
@@ -57,7 +60,14 @@ class LiveTopology:
                 if item["source"]  # every queue is bound to the default exchange: not ours to check
             },
             nodes=[item["name"] for item in management.nodes()],
+            version=management.version(),
         )
+
+    @property
+    def limits_deliveries_by_default(self) -> bool:
+        """RabbitMQ 4.0 and later give quorum queues that do not say a delivery limit of 20."""
+        major = self.version.split(".", 1)[0]
+        return major.isdigit() and int(major) >= 4
 
 
 def expected_bindings(topology: Topology) -> set[BindingKey]:
@@ -86,6 +96,8 @@ def differences(topology: Topology, live: LiveTopology, vhost: str = "/") -> lis
             found.append(Difference("missing", "queue", queue.name, "run `topology declare` or start a worker"))
         else:
             found.extend(_queue_mismatches(queue, current, vhost, len(live.nodes)))
+            browsed = queue.name == topology.archive.name
+            found.extend(_delivery_limit(queue, current, vhost, live.limits_deliveries_by_default, browsed))
     ours = {queue.name for queue in topology.queues}
     for name, current in sorted(live.queues.items()):
         if name not in ours and _belongs_to(name, topology.service):
@@ -122,16 +134,48 @@ def _exchange_mismatches(exchange: Exchange, current: dict[str, Any]) -> list[Di
 def _queue_mismatches(queue: Queue, current: dict[str, Any], vhost: str, nodes: int) -> list[Difference]:
     wanted = {"durable": queue.durable, **(getattr(queue, "queue_arguments", None) or {})}
     actual = {"durable": current.get("durable"), **(current.get("arguments") or {})}
+    # RabbitMQ 4.0 reports a queue declared without a type as classic; 3.10 reports no type.
+    for arguments in (wanted, actual):
+        arguments.setdefault("x-queue-type", "classic")
     fix = (
         f"move its messages elsewhere, delete it (`rabbitmqctl delete_queue {queue.name!r} -p {vhost!r}`), "
         "then run `topology declare`"
     )
     found = [Difference("mismatch", "queue", queue.name, f"{detail}; {fix}") for detail in _compare(wanted, actual)]
-    kept = [argument for argument in PLACEMENT if argument in wanted and argument not in actual]
-    if kept:  # a queue created before: its replicas were placed without these (declare_topology keeps it)
+    kept = [
+        argument for argument in KEPT_AS_THEY_ARE if argument in wanted and wanted[argument] != actual.get(argument)
+    ]
+    if kept:  # a queue created before or by hand: declare_topology keeps it as it is
         found = [difference for difference in found if not any(argument in difference.detail for argument in kept)]
-        found.append(Difference("note", "queue", queue.name, f"created without {', '.join(kept)}: kept as it is"))
+        absent = [argument for argument in kept if argument not in actual]
+        other = [f"{argument}={actual[argument]!r}" for argument in kept if argument in actual]
+        said = ([f"created without {', '.join(absent)}"] if absent else []) + (
+            [f"created with {', '.join(other)}"] if other else []
+        )
+        found.append(Difference("note", "queue", queue.name, f"{'; '.join(said)}: kept as it is"))
     return found + _replicas(queue, current, int(wanted.get("x-quorum-initial-group-size") or 0), nodes)
+
+
+def _delivery_limit(
+    queue: Queue, current: dict[str, Any], vhost: str, limited_by_default: bool, browsed: bool
+) -> list[Difference]:
+    """A queue that would drop a message given out too often without an outcome (RabbitMQ's delivery limit).
+
+    For the archive that is a loss waiting to happen (every read counts); for an event queue a bound the library's
+    own count (``amqp_events_max_redeliveries``) must stay below.
+    """
+    policy = (current.get("effective_policy_definition") or {}).get("delivery-limit")
+    limit = (current.get("arguments") or {}).get(DELIVERY_LIMIT, policy)
+    if limit is not None and limit >= NO_DELIVERY_LIMIT:
+        return []
+    if limit is None and not limited_by_default:
+        return []  # RabbitMQ 3.x: no limit unless one is set
+    said = f"delivery limit {limit if limit is not None else 'of 20 (the RabbitMQ 4 default)'}"
+    fix = f"lift it with `{no_delivery_limit_policy(queue.name, vhost)}`"
+    if browsed:
+        return [Difference("at-risk", "queue", queue.name, f"{said}: a message read that often is dropped; {fix}")]
+    detail = f"{said}: keep amqp_events_max_redeliveries below it, or {fix}"
+    return [Difference("note", "queue", queue.name, detail)]
 
 
 def _replicas(queue: Queue, current: dict[str, Any], group_size: int, nodes: int) -> list[Difference]:

@@ -88,24 +88,24 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
             ", ".join(f"{name} ({', '.join(arguments)})" for name, arguments in kept.items()),
         )
     for name, arguments in kept.items():
-        if DELIVERY_LIMIT in arguments and name == topology.archive.name:
+        if DELIVERY_LIMIT in arguments:
             logger.warning(
-                "the archive %s has its own delivery limit or none: on RabbitMQ 4.0 and later, reading an archive "
-                "counts as a delivery and a message past the limit (20 by default) is dropped. Lift the limit with "
-                "a policy (it replaces other policies of that queue): %s",
+                "queue %s has a delivery limit of its own or none: RabbitMQ 4.0 and later drop a message given out "
+                "more often than that (20 by default) without an outcome; reading an archive counts too. Lift the "
+                "limit with a policy (it replaces other policies of that queue): %s",
                 name,
-                archive_policy_command(name, connection.virtual_host),
+                no_delivery_limit_policy(name, connection.virtual_host),
             )
     return list(kept)
 
 
-def archive_policy_command(archive: str, vhost: str) -> str:
-    """The command that lifts the delivery limit of an ``archive`` queue created without the library's own."""
-    pattern = "^" + re.escape(archive) + "$"
+def no_delivery_limit_policy(queue: str, vhost: str) -> str:
+    """The command that lifts the delivery limit of ``queue``, created without the library's own."""
+    pattern = "^" + re.escape(queue) + "$"
     definition = json.dumps({"delivery-limit": NO_DELIVERY_LIMIT})
     return (
         f"rabbitmqctl set_policy -p {shlex.quote(vhost)} --apply-to queues --priority 10 "
-        f"{shlex.quote(archive + '-delivery-limit')} {shlex.quote(pattern)} {shlex.quote(definition)}"
+        f"{shlex.quote(queue + '-delivery-limit')} {shlex.quote(pattern)} {shlex.quote(definition)}"
     )
 
 

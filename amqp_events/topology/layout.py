@@ -30,11 +30,11 @@ from amqp_events.topology.names import archive_queue_name, check_service_name, e
 #: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
 PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
 #: RabbitMQ's bound on how often a quorum queue gives a message out without an outcome; past it the message is
-#: dead-lettered. RabbitMQ 4.0 sets 20 on queues that do not say; the library says, so that its own count decides.
+#: dead-lettered. The library counts deliveries itself (``amqp_events_max_redeliveries``) and archives, so every
+#: queue of its own says "no limit": RabbitMQ 4.0 would otherwise apply 20, and a message it dead-letters back into
+#: the queue it came from is dropped as a dead-letter cycle; an archive (read by taking messages and giving them
+#: back) would lose a message on its 21st read. (-1, "no limit" on 4.0, means 0 on 3.10.)
 DELIVERY_LIMIT = "x-delivery-limit"
-#: The archive is read by taking its messages and giving them back, which RabbitMQ counts as deliveries: with
-#: RabbitMQ 4.0's default an archived message would be dropped on its 21st read. (-1, "no limit" on 4.0, means
-#: 0 on 3.10.)
 NO_DELIVERY_LIMIT = 2**31 - 1
 #: Arguments an existing queue may lack (created by an earlier version, or by hand) or have otherwise: it is kept
 #: as it is (see :func:`amqp_events.topology.declare.declare_topology`), and ``topology check`` notes it.
@@ -128,7 +128,11 @@ class Topology:
 def quorum(settings: Settings) -> dict[str, object]:
     """A replicated quorum queue: on ``amqp_events_quorum_group_size`` nodes (or as many as the cluster
     has), its leader on the node with the fewest leaders."""
-    arguments: dict[str, object] = {"x-queue-type": "quorum", "x-queue-leader-locator": "balanced"}
+    arguments: dict[str, object] = {
+        "x-queue-type": "quorum",
+        "x-queue-leader-locator": "balanced",
+        DELIVERY_LIMIT: NO_DELIVERY_LIMIT,
+    }
     if settings.quorum_group_size:
         arguments["x-quorum-initial-group-size"] = settings.quorum_group_size
     return arguments
@@ -187,11 +191,9 @@ def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, li
         queue_arguments={
             **quorum(settings),
             **SAFE_DEAD_LETTERING,
-            # A rejected message comes straight back here, with an x-death entry the worker counts; so does
-            # one returned more often than the delivery limit, which the worker then archives.
+            # A rejected message comes straight back here, with an x-death entry the worker counts.
             "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
             "x-dead-letter-routing-key": delays.routing_key(0, delays.queue_destination(name)),
-            DELIVERY_LIMIT: settings.max_redeliveries,
         },
     )
     delivery = delivery_exchange()
@@ -211,7 +213,6 @@ def archive_queue(service: str, settings: Settings) -> Queue:
         queue_arguments={
             **quorum(settings),
             **bounded(settings.archive_ttl_ms, settings.archive_max_length),
-            DELIVERY_LIMIT: NO_DELIVERY_LIMIT,
         },
     )
 
