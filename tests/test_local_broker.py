@@ -25,6 +25,7 @@ def test_a_rabbitmq_line_is_found_by_name_or_refused_with_what_to_do(monkeypatch
     from amqp_events.local.installation import find
 
     monkeypatch.setenv("AMQP_EVENTS_RABBITMQ_ROOTS", str(tmp_path))  # no root installed there
+    monkeypatch.delenv("AMQP_EVENTS_RABBITMQ", raising=False)
     with pytest.raises(LocalServerError, match=re.escape("unknown RabbitMQ line '9.9': 3.10 or 4.0")):
         find("9.9")
     machine = find()
