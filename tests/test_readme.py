@@ -394,7 +394,7 @@ def test_the_extras_bring_what_their_names_say():
 
 
 def test_every_test_the_readme_names_exists():
-    """"Shown by" columns and paragraphs name tests (``test_archive.py::test_...``): renaming one must not leave a
+    """The "shown by" columns and paragraphs name tests (``test_archive.py::test_...``): renaming one must not leave a
     dangling reference."""
     named = set(re.findall(r"(test_\w+\.py)::(test_\w+)", README))
     assert named
