@@ -55,6 +55,6 @@ def test_through_the_inbox_every_effect_happens_exactly_once(tmp_path, rabbitmq)
 @pytest.mark.timeout(900)
 def test_on_a_cluster_whose_nodes_die_in_turn_nothing_is_lost(tmp_path, rabbitmq):
     report = fault_run(rabbitmq, events=1000, workdir=tmp_path, duration=40, deadline=240, cluster=3)
-    assert report.confirmed == 1000 and report.node_kills >= 2 and report.worker_kills >= 5
+    assert report.confirmed == 1000 and report.node_faults >= 2 and report.worker_kills >= 5
     assert report.lost == [] and report.leftover == {}
     assert report.archive_missing == [] and report.archive_unexpected == []
