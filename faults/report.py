@@ -86,7 +86,7 @@ class Report:
             ("broker crashes (SIGKILL) and restarts", self.broker_restarts),
             *([(self.node_fault_label, self.node_faults)] if self.cluster else []),
             *(
-                [("leaders restarted to free stranded dead letters (RabbitMQ 3.10)", self.stranded_restarts or "none")]
+                [("leaders restarted to free stranded dead letters (RELIABILITY.md)", self.stranded_restarts or "none")]
                 if self.cluster
                 else []
             ),

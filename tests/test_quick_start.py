@@ -76,27 +76,17 @@ def test_two_services_and_a_second_worker_of_one_start_side_by_side_as_written(t
     assert event_id
 
     # Remote control reaches the workers of the service it names, and only them.
-    pause = subprocess.run(
-        [AMQP_EVENTS, "-A", "orders.celery", "breakers", "open", "on_invoice_paid"],
-        cwd=tmp_path,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    def breakers(action: str) -> subprocess.CompletedProcess[str]:
+        argv = [AMQP_EVENTS, "-A", "orders.celery", "breakers", action, "on_invoice_paid"]
+        return subprocess.run(argv, cwd=tmp_path, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+
+    pause = breakers("open")
     assert pause.returncode == 0, pause.stdout + pause.stderr
     assert pause.stdout.count(": open orders.handlers.on_invoice_paid") == 2 and "open: 2 worker(s)" in pause.stdout
     assert "shipping" not in pause.stdout
     wait_for(lambda: consumers(broker_url, "orders:billing.invoice.paid") == 0, 30, what="orders paused")
     assert consumers(broker_url, "shipping:billing.invoice.paid") == 1
-    resume = subprocess.run(
-        [AMQP_EVENTS, "-A", "orders.celery", "breakers", "close", "on_invoice_paid"],
-        cwd=tmp_path,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    resume = breakers("close")
     assert resume.returncode == 0 and "close: 2 worker(s)" in resume.stdout, resume.stdout + resume.stderr
     wait_for(lambda: consumers(broker_url, "orders:billing.invoice.paid") == 2, 30, what="orders resumed")
 
