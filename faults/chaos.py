@@ -86,13 +86,13 @@ class StrandedDeadLetters:
     when the count has not moved for ``patience`` seconds.
     """
 
-    def __init__(self, cluster: LocalCluster, report: Report, patience: float = 30.0) -> None:
-        self.cluster, self.report, self.patience = cluster, report, patience
+    def __init__(self, cluster: LocalCluster, vhost: str, restarted: list[str], patience: float = 30.0) -> None:
+        self.cluster, self.vhost, self.restarted, self.patience = cluster, vhost, restarted, patience
         self.seen: dict[str, tuple[int, float]] = {}
 
     def look(self, management: ManagementAPI) -> None:
         now = time.monotonic()
-        held = {queue["name"]: queue for queue in management.queues("faults") if queue.get("messages_dlx")}
+        held = {queue["name"]: queue for queue in management.queues(self.vhost) if queue.get("messages_dlx")}
         self.seen = {
             name: self.seen[name] if name in self.seen and self.seen[name][0] == queue["messages_dlx"]
             else (queue["messages_dlx"], now)
@@ -101,6 +101,6 @@ class StrandedDeadLetters:
         stuck = {held[name].get("leader") for name, (_, since) in self.seen.items() if now - since > self.patience}
         for index in range(self.cluster.size):
             if self.cluster.node_name(index) in stuck:
-                self.report.stranded_restarts.append(self.cluster.node_name(index))
+                self.restarted.append(self.cluster.node_name(index))
                 self.cluster.restart(index)
                 self.seen.clear()

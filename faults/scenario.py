@@ -124,7 +124,9 @@ def run(
             for index, process in enumerate(processes):
                 if not process.is_running():
                     processes[index] = restart(process)
-        unstick = StrandedDeadLetters(node, report) if isinstance(node, LocalCluster) else None
+        unstick = None
+        if isinstance(node, LocalCluster):
+            unstick = StrandedDeadLetters(node, "faults", report.stranded_restarts)
         audit(url, node.management, journal, committed, report, deadline, database if outbox else None, unstick)
         if inbox and database is not None:
             count_effects(database, committed, report)
