@@ -151,7 +151,12 @@ def test_fire_from_the_shell(worker, cli, records):
     result = cli("fire", "test.ping", "--arg", "tag=shell", "--arg", 'how={"only": "orders"}')
     assert result.exit_code == 0, result.output
     [record] = records.wait(1)
-    assert record["id"] == result.output.strip() and record["tag"] == "shell"
+    assert record["id"] == result.output.strip() and record["tag"] == "shell" and record["key"] is None
+    keyed = cli("fire", "test.ping", "--arg", "tag=keyed", "--arg", 'how={"only": "orders"}', "--key", "order-9")
+    assert keyed.exit_code == 0, keyed.output
+    assert records.wait(1, tag="keyed")[0]["key"] == "order-9"
+    declared = cli("fire", "users.registered", "--arg", "user_id=5", "--arg", "email=a@b.c", "--key", "5")
+    assert declared.exit_code == 2 and "--key is for events fired as given" in declared.output
     assert cli("fire", "billing.invoice.paid", "--json", '[5, "1.00"]').exit_code == 0
     records.wait(1, tag="invoice-5")
     bad = cli("fire", "test.ping", "--json", "{oops")

@@ -321,11 +321,12 @@ def test_replaying_the_archive_after_a_fix_handles_each_message_once(mode, recor
 
 def test_current_event_describes_the_event_being_handled(mode, records):
     mode.start("orders")
-    event_id = mode.producer.fire("test.ping", ["meta"], {"how": {"fail_times": 1}})
+    event_id = mode.producer.fire("test.ping", ["meta"], {"how": {"fail_times": 1}}, key=42)
     mode.until(lambda: len(records.all(id=event_id)) >= 2)
     first, second = records.all(id=event_id)
     for run, attempt in ((first, 1), (second, 2)):
         assert (run["id"], run["event"], run["fired_by"], run["attempt"]) == (event_id, "test.ping", "tests", attempt)
+        assert run["key"] == "42"  # the event's key, as its decimal string, kept across retries
     assert first["fired_at"] == second["fired_at"]  # the fire time, kept across retries
 
 
@@ -389,14 +390,14 @@ def test_cloud_events_are_handled_retried_and_archived_like_any_event(mode, reco
     for headers in (flaky, untyped):
         body = b'{"tag": "foreign", "how": {"fail_times": 1}}'
         assert mode.producer.transport.publish(OutgoingMessage("events", "test.ping", headers, body, "", JSON, "utf-8"))
-    fired_id = mode.producer.fire("test.ping", kwargs={"tag": "fired"}, wire_format="cloudevents")
+    fired_id = mode.producer.fire("test.ping", kwargs={"tag": "fired"}, wire_format="cloudevents", key="order-7")
     mode.until(lambda: len(records.all(id="ce-flaky")) >= 2 and records.all(id=fired_id))
-    assert [(run["attempt"], run["fired_by"]) for run in records.all(id="ce-flaky")] == [
-        (1, "urn:shop:web"),
-        (2, "urn:shop:web"),
+    assert [(run["attempt"], run["fired_by"], run["key"]) for run in records.all(id="ce-flaky")] == [
+        (1, "urn:shop:web", None),
+        (2, "urn:shop:web", None),
     ]
     [fired] = records.all(id=fired_id)
-    assert (fired["tag"], fired["fired_by"]) == ("fired", "tests")
+    assert (fired["tag"], fired["fired_by"], fired["key"]) == ("fired", "tests", "order-7")  # its partitionkey
     [archived] = archived_in(mode, "orders", 1)
     assert (archived.id, archived.reason, archived.cloud_event["source"]) == (
         "ce-untyped",

@@ -46,12 +46,13 @@ def test_an_event_leaves_if_and_only_if_the_transaction_commits(outbox, worker, 
     with Session(engine) as session, session.begin():
         session.execute(insert(invoices).values(id=2, amount="2.00"))
         with producer.outbox(session):
-            committed = producer.fire("test.ping", ["committed"], {})
+            committed = producer.fire("test.ping", ["committed"], {}, key="invoice-2")
     assert pending(outbox) == 1  # nothing is published before a relay runs
     with relaying(producer, outbox):
         [record] = records.wait(1)
         records.barrier(producer, ("orders",))
     assert record["id"] == committed and records.all(id=rolled_back) == [] and len(records.all()) == 1
+    assert record["key"] == "invoice-2"  # the relay publishes the row's headers as written
     assert pending(outbox) == 0
     with engine.connect() as connection:
         assert connection.execute(select(func.count()).select_from(invoices)).scalar_one() == 1

@@ -92,6 +92,17 @@ def test_firing_again_under_the_id_in_doubt_works_as_written(tmp_path, rabbitmq,
     wait_for(lambda: "invoice 7 paid: 1" in orders.log(), 30, what="the event fired again, handled")
 
 
+def test_the_event_key_example_works_as_written(tmp_path, broker_url, start_worker):
+    write_blocks(tmp_path, broker_url, "orders/celery.py", "orders/handlers.py", "orders/placed.py")
+    env = {"PYTHONPATH": str(tmp_path)}
+    orders = start_worker("orders.celery", "--include", "orders.placed", cwd=tmp_path, env=env)
+    fire = "from orders.placed import order_placed; order_placed(7, '12.50'); order_placed(order_id='A-8', total='1')"
+    fired = subprocess.run([sys.executable, "-c", fire], cwd=tmp_path, env={**os.environ, **env}, timeout=60)
+    assert fired.returncode == 0
+    wait_for(lambda: "order A-8 placed (key A-8)" in orders.log(), 30, what="the handler reading the key")
+    assert "order 7 placed (key 7)" in orders.log()
+
+
 def test_the_tracing_example_works_as_written(tmp_path, broker_url, start_worker):
     write_blocks(tmp_path, broker_url, "telemetry.py", "orders/celery.py", "orders/handlers.py")
     module = tmp_path / "orders" / "celery.py"
@@ -362,7 +373,7 @@ def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():
             neither.append(first)
     assert neither == []
     assert [name for name in named if f'"{name}"' not in tests] == []  # each named block is written by a test
-    assert (len(named), len(fragments)) == (18, 6)
+    assert (len(named), len(fragments)) == (19, 6)
 
 
 def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):

@@ -24,7 +24,7 @@ from amqp_events.asyncapi.schemas import payload_schema
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.events import Event
 from amqp_events.topology import delays
-from amqp_events.wire.message import DUE_AT, FIRED_AT, FIRED_BY
+from amqp_events.wire.message import DUE_AT, EVENT_KEY, FIRED_AT, FIRED_BY
 
 VERSION = "3.0.0"
 #: The version of the AsyncAPI AMQP bindings used.
@@ -59,7 +59,7 @@ def document(
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
     for name in schemas:
-        messages.update(_messages(name))
+        messages.update(_messages(name, _key_of(fired.get(name))))
         exchange = {"name": settings.exchange, "type": "topic", "durable": True, "autoDelete": False, "vhost": vhost}
         channels[name] = {
             "address": name,
@@ -148,8 +148,22 @@ def _wire_format_of(fireable: Any) -> str | None:
     return getattr(fireable, "wire_format", None) or getattr(fireable, "event_wire_format", None)
 
 
-def _messages(name: str) -> dict[str, Any]:
+def _key_of(fireable: Any) -> str | None:
+    """How a declared event's key is given: ``argument order_id``, or the callable's name."""
+    key = getattr(fireable, "key", None) or getattr(fireable, "event_key", None)
+    if key is None:
+        return None
+    return f"the argument {key!r}" if isinstance(key, str) else f"{getattr(key, '__qualname__', key)}(...)"
+
+
+def _messages(name: str, key: str | None = None) -> dict[str, Any]:
+    """The event's messages in both wire formats; ``key`` says where a declared key comes from."""
     payload = {"$ref": f"#/components/schemas/{name}"}
+    key_header = {
+        "type": "string",
+        "maxLength": 255,
+        "description": "the aggregate the event belongs to" + (f": {key}" if key else " (if it has a key)"),
+    }
     celery = {
         "name": name,
         "title": f"{name} (Celery task message)",
@@ -163,8 +177,9 @@ def _messages(name: str) -> dict[str, Any]:
                 FIRED_BY: {"type": "string", "description": "the service that fired it"},
                 "retries": {"type": "integer", "minimum": 0},
                 DUE_AT: {"type": "string", "format": "date-time", "description": "a delayed copy's due time"},
+                EVENT_KEY: key_header,
             },
-            "required": ["task", "id"],
+            "required": ["task", "id", *([EVENT_KEY] if key else [])],
         },
         "payload": {
             "type": "array",
@@ -191,8 +206,9 @@ def _messages(name: str) -> dict[str, Any]:
                 "ce-id": {"type": "string", "maxLength": 64},
                 "ce-source": {"type": "string", "description": "the service that fired it"},
                 "ce-time": {"type": "string", "format": "date-time"},
+                "ce-partitionkey": key_header,
             },
-            "required": ["ce-specversion", "ce-type", "ce-id", "ce-source"],
+            "required": ["ce-specversion", "ce-type", "ce-id", "ce-source", *(["ce-partitionkey"] if key else [])],
         },
         "payload": payload,
         "correlationId": {"location": "$message.header#/ce-id"},

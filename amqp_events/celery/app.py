@@ -29,6 +29,7 @@ from amqp_events.celery.task import CONTROL_FLOW
 from amqp_events.clock import SYSTEM_CLOCK, Clock
 from amqp_events.core import firing
 from amqp_events.core.context import Middleware, Middlewares, ServiceContext
+from amqp_events.core.events import EventKey
 from amqp_events.core.handler import Handler
 from amqp_events.core.transport import Transport
 from amqp_events.inbox.base import DedupStore, TransactionalInbox
@@ -156,13 +157,18 @@ class EventsApp(EventsCelery):
 
     # -- producing ----------------------------------------------------------------------------------------
 
-    def event(self, name: str, *, wire_format: str | None = None) -> EventDecorator:
+    def event(self, name: str, *, wire_format: str | None = None, key: EventKey | None = None) -> EventDecorator:
         """Decorate a validating function, or a dataclass/pydantic model, as the event ``name``.
 
         ``wire_format`` ("celery" or "cloudevents") overrides the app's
-        ``amqp_events_wire_format`` for this event.
+        ``amqp_events_wire_format`` for this event. ``key`` names the
+        aggregate each fired event belongs to: the name of an argument (of a
+        field, for a class), or a callable given the same arguments (the
+        instance, for a class) that returns it. Every fire then carries the
+        key's value in the ``event_key`` header (``partitionkey`` as a
+        CloudEvent): a string, or an integer sent as its decimal string.
         """
-        return EventDecorator(self, name, wire_format)
+        return EventDecorator(self, name, wire_format, key)
 
     def wire_format(self, given: str | None = None) -> str:
         """The wire format an event fires in: ``given``, else the app's ``amqp_events_wire_format``."""
@@ -178,6 +184,7 @@ class EventsApp(EventsCelery):
         eta: datetime | None = None,
         event_id: str | None = None,
         wire_format: str | None = None,
+        key: str | int | None = None,
     ) -> str:
         """Publish ``event`` (no validation) and return its id once the broker confirmed it.
 
@@ -188,12 +195,22 @@ class EventsApp(EventsCelery):
         (its ``event_ids``), so that a copy that did reach the broker is the
         same event to every inbox. ``wire_format`` overrides the app's
         ``amqp_events_wire_format`` ("cloudevents" takes keyword arguments only).
+        ``key`` names the aggregate the event belongs to (the ``event_key``
+        header; see :meth:`event`).
         Inside ``with app.batch():`` it returns at once; inside ``with
         app.outbox(...):`` it writes a row.
         """
         wire_format = self.wire_format(wire_format) if wire_format else None
         return firing.fire(
-            self.context, event, args, kwargs, countdown=countdown, eta=eta, event_id=event_id, wire_format=wire_format
+            self.context,
+            event,
+            args,
+            kwargs,
+            countdown=countdown,
+            eta=eta,
+            event_id=event_id,
+            wire_format=wire_format,
+            key=key,
         )
 
     def batch(self, window: int = 2000) -> Any:
@@ -218,10 +235,11 @@ class EventsApp(EventsCelery):
         countdown: float | None = None,
         eta: datetime | None = None,
         wire_format: str | None = None,
+        key: str | int | None = None,
     ) -> OutgoingMessage:
         """The message that fires ``event``, ready to publish (no validation, nothing sent)."""
         context = self.context
-        message, delay = firing.fired_message(context, event, args, kwargs, countdown, eta, None, wire_format)
+        message, delay = firing.fired_message(context, event, args, kwargs, countdown, eta, None, wire_format, key)
         return firing.delayed(context, message, delay)
 
     # -- the transactional outbox -------------------------------------------------------------------------

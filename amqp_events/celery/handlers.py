@@ -8,7 +8,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 from celery import Task
 
 from amqp_events.celery.task import EventHandler
-from amqp_events.core.events import Event, Fires, event_class
+from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import Handler
 from amqp_events.errors import DuplicateHandler
 from amqp_events.topology import check_event_name, event_queue_name
@@ -35,9 +35,11 @@ class Registry(Fires, Protocol):
 class EventDecorator:
     """What ``@app.event(name)`` returns: makes an :class:`~amqp_events.core.events.Event` or an event class."""
 
-    def __init__(self, app: Registry, name: str, wire_format: str | None = None) -> None:
-        self.app, self.name = app, check_event_name(name)
+    def __init__(self, app: Registry, name: str, wire_format: str | None = None, key: EventKey | None = None) -> None:
+        self.app, self.name, self.key = app, check_event_name(name), key
         self.wire_format = None if wire_format is None else cloud_events.check_wire_format(wire_format)
+        if not (key is None or callable(key) or (isinstance(key, str) and key.isidentifier())):
+            raise ValueError(f"event {name!r}: key must be an argument's name or a callable, not {key!r}")
 
     @overload
     def __call__(self, target: C) -> C: ...
@@ -46,7 +48,8 @@ class EventDecorator:
     def __call__(self, target: Callable[P, Any]) -> Event[P]: ...
 
     def __call__(self, target: Any) -> Any:
-        fireable = (event_class if isinstance(target, type) else Event)(self.app, self.name, target, self.wire_format)
+        make = event_class if isinstance(target, type) else Event
+        fireable = make(self.app, self.name, target, self.wire_format, self.key)
         self.app.declared_events[self.name] = fireable
         return fireable
 

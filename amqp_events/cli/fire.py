@@ -17,6 +17,7 @@ from amqp_events.cli.context import Context, one_line_errors, pass_context
 @click.option("--arg", "pairs", multiple=True, metavar="KEY=VALUE", help="A keyword argument; VALUE is JSON or text.")
 @click.option("--countdown", type=float, help="Seconds to wait on the broker before delivery.")
 @click.option("--no-validate", is_flag=True, help="Skip the validation of the event the app declares.")
+@click.option("--key", "event_key", metavar="KEY", help="The event's key, for an event fired as given.")
 @pass_context
 @one_line_errors
 def fire(
@@ -26,20 +27,26 @@ def fire(
     pairs: Sequence[str],
     countdown: float | None,
     no_validate: bool,
+    event_key: str | None,
 ) -> None:
     """Fire EVENT from the shell and print its id once the broker confirmed it.
 
     An event the app declares (``@app.event``) is validated first, as the
     Python call does: a payload it refuses is not fired (``--no-validate``
-    skips that). Other events are fired as given.
+    skips that), and its key comes from the payload as declared. Other events
+    are fired as given, with ``--key`` if they belong to an aggregate.
     """
     args, kwargs = parse_payload(payload, pairs)
     app = context.app
     app.loader.import_default_modules()  # the modules that may declare it
     declared = app.declared_events.get(event)
     if declared is None or no_validate:  # an event the app does not declare has nothing to validate it
-        click.echo(app.fire(event, args, kwargs, countdown=countdown))
+        click.echo(app.fire(event, args, kwargs, countdown=countdown, key=event_key))
         return
+    if event_key is not None:
+        raise click.UsageError(
+            f"{event!r} is declared by the app, which gives its key: --key is for events fired as given"
+        )
     try:
         if isinstance(declared, type):  # an event class: constructing it is the validation
             instance = declared(*args, **kwargs)

@@ -12,6 +12,9 @@ from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar
 P = ParamSpec("P")
 C = TypeVar("C", bound=type)
 
+#: What ``@app.event(key=...)`` takes: the name of an argument (or field), or a callable that returns the key.
+EventKey = str | Callable[..., Any]
+
 
 class Fires(Protocol):
     """What an event fires through: the app of the service that declared it."""
@@ -28,6 +31,7 @@ class Fires(Protocol):
         eta: datetime | None = None,
         event_id: str | None = None,
         wire_format: str | None = None,
+        key: str | int | None = None,
     ) -> str: ...
 
     def wire_format(self, given: str | None = None) -> str: ...
@@ -40,16 +44,29 @@ class Event(Generic[P]):
     propagates and nothing is published), then publishes the event and
     returns its id once the broker confirmed it. It keeps the function's
     name, docstring and signature. Fired as a CloudEvent, positional
-    arguments travel under their parameters' names.
+    arguments travel under their parameters' names. With a ``key`` (an
+    argument's name, or a callable given the same arguments), each fire
+    carries that argument's value as the event's key.
     """
 
-    def __init__(self, app: Fires, name: str, validate: Callable[P, Any], wire_format: str | None = None) -> None:
+    def __init__(
+        self,
+        app: Fires,
+        name: str,
+        validate: Callable[P, Any],
+        wire_format: str | None = None,
+        key: EventKey | None = None,
+    ) -> None:
         functools.update_wrapper(self, validate)
         self.app = app
         self.name = name
         self.validate = validate
         #: "celery", "cloudevents", or ``None``: the app's ``amqp_events_wire_format``.
         self.wire_format = wire_format
+        #: The argument (or the callable) that gives each fire's key; ``None``: fired without a key.
+        self.key = key
+        if isinstance(key, str) and key not in inspect.signature(validate).parameters:
+            raise ValueError(f"event {name!r}: key={key!r} is not an argument of {validate.__qualname__}")
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
         return self.fire(args, kwargs)
@@ -69,9 +86,22 @@ class Event(Generic[P]):
         """
         kwargs = kwargs or {}
         self.validate(*args, **kwargs)
+        key = self.key_of(args, kwargs)
         if args and self.app.wire_format(self.wire_format) == "cloudevents":
             args, kwargs = (), keyword_arguments(self.validate, args, kwargs)
-        return self.app.fire(self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format)
+        return self.app.fire(
+            self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format, key=key
+        )
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The key of a fire with these arguments (``None`` for an event without a key)."""
+        if self.key is None:
+            return None
+        if callable(self.key):
+            return self.key(*args, **kwargs)
+        bound = inspect.signature(self.validate).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments[self.key]
 
     def __repr__(self) -> str:
         return f"<Event {self.name!r} of service {self.app.service!r}>"
@@ -92,20 +122,30 @@ def keyword_arguments(function: Callable[..., Any], args: tuple[Any, ...], kwarg
     return named
 
 
-def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None) -> C:
+def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None, key: EventKey | None = None) -> C:
     """A fireable subclass of a dataclass or pydantic model: ``Cls(...).fire()`` publishes its fields.
 
     Constructing the instance is the validation. The subclass has the same
     name and an ``event_name`` attribute, and can be given to ``@app.handler``
     so that the handler receives an instance instead of keyword arguments.
     The class itself is left as it is, so that a producer and a consumer
-    (two apps) can each make their own event of one shared class.
+    (two apps) can each make their own event of one shared class. ``key``
+    is a field's name, or a callable given the instance.
     """
     payload = _payload_of(cls)
+    if isinstance(key, str) and key not in _field_names(cls):
+        raise ValueError(f"event {name!r}: key={key!r} is not a field of {cls.__qualname__}")
+
+    def key_of(instance: Any) -> Any:
+        if key is None:
+            return None
+        return key(instance) if callable(key) else getattr(instance, key)
 
     def fire(self: Any, *, countdown: float | None = None, eta: datetime | None = None) -> str:
         """Publish this event; returns its id once the broker confirmed it."""
-        return app.fire(name, (), payload(self), countdown=countdown, eta=eta, wire_format=wire_format)
+        return app.fire(
+            name, (), payload(self), countdown=countdown, eta=eta, wire_format=wire_format, key=key_of(self)
+        )
 
     namespace = {
         # not fields: pydantic asks
@@ -113,11 +153,13 @@ def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None) -
             "event_name": ClassVar[str],
             "event_app": ClassVar[Any],
             "event_wire_format": ClassVar[Any],
+            "event_key": ClassVar[Any],
         },
         "fire": fire,
         "event_name": name,
         "event_app": app,
         "event_wire_format": wire_format,
+        "event_key": key,
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
@@ -131,6 +173,12 @@ def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
     if callable(getattr(cls, "model_dump", None)) and hasattr(cls, "model_validate"):
         return _pydantic_payload
     raise TypeError(f"@app.event on a class needs a dataclass or a pydantic model, not {cls.__qualname__}")
+
+
+def _field_names(cls: type) -> set[str]:
+    if dataclasses.is_dataclass(cls):
+        return {field.name for field in dataclasses.fields(cls)}
+    return set(getattr(cls, "model_fields", {}))
 
 
 def _pydantic_payload(instance: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from amqp_events.core.context import Firing, ServiceContext
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import check_event_name, delays
 from amqp_events.wire import cloud_events
-from amqp_events.wire.message import OutgoingMessage, event_envelope, new_event_id
+from amqp_events.wire.message import OutgoingMessage, event_envelope, event_key, new_event_id
 
 logger = logging.getLogger(__name__)
 
@@ -78,10 +78,11 @@ def fire(
     eta: datetime | None = None,
     event_id: str | None = None,
     wire_format: str | None = None,
+    key: Any = None,
 ) -> str:
     """Fire ``event`` (no validation) and return its id: once the broker confirmed it, or once an open sink
     took it (see :meth:`amqp_events.celery.EventsApp.fire`)."""
-    message, delay = fired_message(context, event, args, kwargs or {}, countdown, eta, event_id, wire_format)
+    message, delay = fired_message(context, event, args, kwargs or {}, countdown, eta, event_id, wire_format, key)
     sink = open_sink(context.name)
     firing = Firing(context, message, delay, batched=isinstance(sink, Batch))
     for before in context.middleware.before_fire:
@@ -129,9 +130,12 @@ def fired_message(
     eta: datetime | None = None,
     event_id: str | None = None,
     wire_format: str | None = None,
+    key: Any = None,
 ) -> tuple[OutgoingMessage, int]:
-    """The message that fires ``event`` at once, and how many seconds it must wait first (no validation)."""
+    """The message that fires ``event`` at once, and how many seconds it must wait first (no validation of
+    the arguments; ``key`` is checked by :func:`~amqp_events.wire.message.event_key`)."""
     check_event_name(event)
+    key = None if key is None else event_key(key)
     now = context.now()
     if (wire_format or context.settings.wire_format) == "cloudevents":
         if args:
@@ -140,10 +144,10 @@ def fired_message(
                 "of keyword arguments"
             )
         message_id = new_event_id(event_id)
-        headers: dict[str, Any] = cloud_events.binary_headers(event, message_id, context.name, now)
+        headers: dict[str, Any] = cloud_events.binary_headers(event, message_id, context.name, now, key)
         body: Any = dict(kwargs)
     else:
-        headers, body = event_envelope(event, args, kwargs, context.name, now, event_id)
+        headers, body = event_envelope(event, args, kwargs, context.name, now, event_id, key)
         message_id = headers["id"]
     if eta is not None and countdown is None:
         countdown = delays.seconds_until(eta, now)

@@ -14,16 +14,17 @@ When such a message reaches a worker it is read (with the ``cloudevents``
 SDK, the ``[cloudevents]`` extra) into the library's own message before
 anything else looks at it (:mod:`amqp_events.middleware.cloud_events`):
 
-============== ======================= ===========================================
-CloudEvents    the library             note
-============== ======================= ===========================================
-``type``       event name (``task``)   the handler that runs it
-``id``         event id (``id``)       1 to 64 characters (the inbox's key)
-``source``     ``fired_by``
-``time``       ``fired_at``            optional
-``data``       keyword arguments       a JSON object (absent: no arguments)
-everything     ``cloudevent`` header   kept for the archive: ``archive show``
-============== ======================= ===========================================
+================ ======================= ===========================================
+CloudEvents      the library             note
+================ ======================= ===========================================
+``type``         event name (``task``)   the handler that runs it
+``id``           event id (``id``)       1 to 64 characters (the inbox's key)
+``source``       ``fired_by``
+``time``         ``fired_at``            optional
+``data``         keyword arguments       a JSON object (absent: no arguments)
+``partitionkey`` ``event_key``           the event's key (the Partitioning extension)
+everything       ``cloudevent`` header   kept for the archive: ``archive show``
+================ ======================= ===========================================
 
 From there on it is an ordinary event message: its retries, delays, archived
 copy and replays are in the library's form, carrying the ``cloudevent``
@@ -51,7 +52,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from amqp_events.errors import Refused
-from amqp_events.wire.message import EMPTY_EMBED, FIRED_AT, FIRED_BY, JSON, Reason, isoformat, json_body
+from amqp_events.wire.message import EMPTY_EMBED, EVENT_KEY, FIRED_AT, FIRED_BY, JSON, Reason, isoformat, json_body
 
 #: The header a CloudEvent's attributes are kept in once read into the library's message.
 CLOUDEVENT = "cloudevent"
@@ -60,6 +61,8 @@ STRUCTURED = "application/cloudevents+json"
 #: Header prefixes of binary mode: RabbitMQ's convention first, then the AMQP binding's two.
 PREFIXES = ("ce-", "cloudEvents_", "cloudEvents:")
 REQUIRED = ("specversion", "id", "source", "type")
+#: The Partitioning extension's attribute: the event's key.
+PARTITION_KEY = "partitionkey"
 #: The wire formats an app or an event fires in.
 WIRE_FORMATS = ("celery", "cloudevents")
 #: JSON media types, as the CloudEvents JSON format recognises them (``application/json``, ``text/json``,
@@ -87,6 +90,8 @@ class ReadEvent:
         }
         if "time" in self.attributes:
             headers[FIRED_AT] = self.attributes["time"]
+        if self.attributes.get(PARTITION_KEY):
+            headers[EVENT_KEY] = self.attributes[PARTITION_KEY]
         return headers
 
     @property
@@ -170,13 +175,22 @@ def attributes_of(headers: Mapping[str, Any], body: bytes, content_type: str | N
     return _attribute_strings(_binary_attributes(_prefixed(headers)))
 
 
-def binary_headers(name: str, event_id: str, source: str, time: datetime) -> dict[str, str]:
-    """The ``ce-`` headers of an event fired in binary mode, written by the SDK (its data is the JSON body)."""
+def binary_headers(name: str, event_id: str, source: str, time: datetime, key: str | None = None) -> dict[str, str]:
+    """The ``ce-`` headers of an event fired in binary mode, written by the SDK (its data is the JSON body);
+    its ``key`` as the Partitioning extension's ``partitionkey``."""
     try:
         sdk = _sdk()
     except ImportError:
         raise ImportError("install celery-amqp-events[cloudevents] to fire CloudEvents") from None
-    attributes = {"specversion": SPECVERSION, "id": event_id, "source": source, "type": name, "time": time}
+    attributes: dict[str, Any] = {
+        "specversion": SPECVERSION,
+        "id": event_id,
+        "source": source,
+        "type": name,
+        "time": time,
+    }
+    if key is not None:
+        attributes[PARTITION_KEY] = key
     headers: dict[str, str] = sdk.rabbitmq.to_binary(sdk.CloudEvent(attributes), sdk.json_format).headers
     return headers
 

@@ -12,6 +12,7 @@ runs it: the ``task`` header is the event name, ``id`` is the event id and
 ``lost_runs``        how many times the process running it died (redelivered copies)
 ``section_retries``  retries used per ``retry`` section of the handler, by section name
 ``failed_section``   the section whose failure caused this retry (absent: the handler's own policy)
+``event_key``        the event's key: the aggregate it belongs to (``@app.event(key=...)``; absent: none)
 ==================== ========================================================
 
 Archived copies carry the ``archive_*`` headers of :mod:`amqp_events.wire.archived`.
@@ -38,6 +39,9 @@ DUE_AT = "due_at"
 LOST_RUNS = "lost_runs"
 SECTION_RETRIES = "section_retries"
 FAILED_SECTION = "failed_section"
+EVENT_KEY = "event_key"
+#: A key is an AMQP header value a consistent-hash exchange can route on: a short string.
+_MAX_KEY = 255
 #: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).
 ENVELOPE = ("task", "id", "root_id", "parent_id", "group", "origin", "lang", "retries")
 
@@ -113,8 +117,10 @@ def event_envelope(
     fired_by: str,
     now: datetime,
     event_id: str | None = None,
+    key: str | None = None,
 ) -> tuple[dict[str, Any], list[Any]]:
-    """Headers and body of an event fired ``now`` (under a new id unless ``event_id`` is given)."""
+    """Headers and body of an event fired ``now`` (under a new id unless ``event_id`` is given), with its
+    ``key`` (see :func:`event_key`) if it has one."""
     # Only what a worker needs: Celery reads every other protocol-2 header with a default.
     headers = {
         "task": name,
@@ -122,7 +128,22 @@ def event_envelope(
         FIRED_AT: isoformat(now),
         FIRED_BY: fired_by,
     }
+    if key is not None:
+        headers[EVENT_KEY] = key
     return headers, [list(args), dict(kwargs), EMPTY_EMBED]
+
+
+def event_key(value: Any) -> str:
+    """An event's key as it travels: a string of 1 to 255 characters, or an integer written in decimal.
+
+    The key names the aggregate an event belongs to (an order id, an account id):
+    anything else (``None``, a float, a dict) is refused here, before anything is published.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not (isinstance(value, str) and 0 < len(value) <= _MAX_KEY):
+        raise ValueError(f"an event key must be a string of 1 to {_MAX_KEY} characters or an integer, not {value!r}")
+    return value
 
 
 def new_event_id(given: str | None = None) -> str:
@@ -184,6 +205,8 @@ class EventMetadata:
     attempt: int
     #: The handler section (:mod:`amqp_events.sections`) whose failure caused this retry, if one did.
     failed_section: str | None = None
+    #: The event's key (the ``event_key`` header), if it was fired with one.
+    key: str | None = None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, Any]) -> EventMetadata:
@@ -194,6 +217,7 @@ class EventMetadata:
             fired_by=headers.get(FIRED_BY),
             attempt=int(headers.get("retries") or 0) + 1,
             failed_section=headers.get(FAILED_SECTION) or None,
+            key=headers.get(EVENT_KEY) or None,
         )
 
 

@@ -28,6 +28,7 @@ def record(service: str, **fields: Any) -> None:
         "attempt": event.attempt,
         "fired_at": event.fired_at.isoformat() if event.fired_at else None,
         "fired_by": event.fired_by,
+        "key": event.key,
         "pid": os.getpid(),
         "time": utcnow().timestamp(),  # the library's clock: virtual in the in-process mode
         **fields,
