@@ -108,6 +108,9 @@ class Settings:
     #: How this service fires events: "celery" (Celery's task message, the default) or "cloudevents"
     #: (CloudEvents binary mode, ``ce-`` headers: for consumers in other languages). Workers read both.
     wire_format: str = "celery"
+    #: Queues a service's ordered handlers (``ordered_by``) share; keys are spread over them by a consistent
+    #: hash, and each is consumed by one worker at a time. Changing it moves keys between queues.
+    partitions: int = 8
 
     def __post_init__(self) -> None:
         problems = []
@@ -135,6 +138,8 @@ class Settings:
             problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if self.wire_format not in ("celery", "cloudevents"):
             problems.append(f"wire_format must be 'celery' or 'cloudevents', not {self.wire_format!r}")
+        if not 1 <= self.partitions <= 99:
+            problems.append(f"partitions must be between 1 and 99, not {self.partitions}")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 

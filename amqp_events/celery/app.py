@@ -292,6 +292,7 @@ class EventsApp(EventsCelery):
         dedup: DedupStore | None = None,
         breaker: BreakerPolicy | dict[str, Any] | bool | None = None,
         requires: tuple[str, ...] | list[str] = (),
+        ordered_by: str | Callable[..., Any] | None = None,
         **task_options: Any,
     ) -> Callable[[T], T]:
         """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
@@ -308,8 +309,11 @@ class EventsApp(EventsCelery):
         its fields, True or False; default: the app's ``amqp_events_breaker``)
         pauses consuming this handler's queue while it keeps failing;
         ``requires`` names health checks (:meth:`health_check`) that pause it
-        while unhealthy. Other keyword arguments are Celery task options.
-        Returns the decorated object.
+        while unhealthy. ``ordered_by`` (the name of the event's argument that
+        holds its key, or a callable given the arguments) handles the events of
+        one key one at a time, in the order the broker accepted them, through
+        retries and crashes (README, "Ordered handling"). Other keyword
+        arguments are Celery task options. Returns the decorated object.
         """
         given = {
             "max_retries": max_retries,
@@ -324,6 +328,7 @@ class EventsApp(EventsCelery):
             "dedup": dedup,
             "breaker": breaker,
             "requires": requires,
+            "ordered_by": ordered_by,
             **task_options,
         }
         return HandlerDecorator(self, event, bind, options)

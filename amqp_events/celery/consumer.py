@@ -30,6 +30,7 @@ from kombu.message import Message
 from vine import promise
 
 from amqp_events.celery.loop import LoopWaker, acks_now
+from amqp_events.celery.ordered import OrderedRunner
 from amqp_events.celery.received import Archiver, admit
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
@@ -43,6 +44,8 @@ logger = logging.getLogger(__name__)
 class EventConsumer(Consumer):  # type: ignore[misc]
     app: Any
     hub: Any
+    #: Runs the messages of ordered handlers (:mod:`amqp_events.celery.ordered`), made by their strategy.
+    ordered_runner: OrderedRunner | None = None
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         # Upstream (5.5+): the DelayedDelivery step declares 28 queues of its own on every vhost with quorum
@@ -82,12 +85,16 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         signals.worker_shutting_down.disconnect(self.wake_event_loop)
+        if self.ordered_runner is not None:
+            self.ordered_runner.stop()
         if self.waker is not None:
             self.waker.close()
             self.waker = None
         super().shutdown()
 
     def connect(self) -> Any:
+        if self.ordered_runner is not None:  # what it held went back to the broker with the old connection
+            self.ordered_runner.reconnected()
         connection = super().connect()
         declare_on_connect(self.app.context, connection, self.app.amqp.queues.consume_from)
         return connection

@@ -11,7 +11,7 @@ from amqp_events.celery.task import EventHandler
 from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import Handler
 from amqp_events.errors import DuplicateHandler
-from amqp_events.topology import check_event_name, event_queue_name
+from amqp_events.topology import check_event_name, event_queue_name, ordered_exchange_name
 from amqp_events.wire import cloud_events
 
 P = ParamSpec("P")
@@ -79,7 +79,9 @@ class HandlerDecorator:
         handler = Handler(
             event=event,
             name=described,
-            queue=event_queue_name(app.service, event),
+            queue=ordered_exchange_name(app.service)
+            if self.options.get("ordered_by")
+            else event_queue_name(app.service, event),
             function=function,
             takes_self=self.bind or isinstance(target, type),
             event_class=self.event_class,
@@ -88,6 +90,7 @@ class HandlerDecorator:
             dedup=options.pop("dedup"),
             breaker=options.pop("breaker"),
             requires=tuple(options.pop("requires")),
+            ordered_by=options.pop("ordered_by"),
         )
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options
         if isinstance(target, type) and issubclass(target, Task):

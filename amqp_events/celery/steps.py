@@ -83,7 +83,9 @@ class BreakerState(bootsteps.Step):  # type: ignore[misc]
         app = parent.app
         context = app.context
         default = BreakerPolicy.of(app.conf.get("amqp_events_breaker"), None)
-        breakers = WorkerBreakers(context.name, context.handlers.values(), default, app.health_checks)
+        # Breakers pause a handler's own queue; ordered handlers share their service's partitions.
+        unordered = [handler for handler in context.handlers.values() if not handler.ordered]
+        breakers = WorkerBreakers(context.name, unordered, default, app.health_checks)
         app.add_middleware(Breakers(breakers))
 
 

@@ -35,6 +35,7 @@ from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.strategy import default
 
+from amqp_events.celery.ordered import ordered_strategy
 from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
 
@@ -57,6 +58,8 @@ CELERY_ONLY = ("eta", "expires")
 
 def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., Any]:
     """The strategy of ``task``, a handler task, in ``consumer``'s worker."""
+    if task.handler.ordered:
+        return ordered_strategy(task, app, consumer)
     celery_path: Callable[..., Any] = default(task, app, consumer, **options)
     pool = consumer.pool
     if not (isinstance(pool, SoloPool | ThreadsPool) and without_celery_s_work(task, consumer)):

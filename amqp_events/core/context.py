@@ -221,7 +221,8 @@ class ServiceContext:
     @cached_property
     def topology(self) -> Topology:
         """This service's exchanges, queues and bindings (computed, not read from the broker)."""
-        return service_topology(self.name, self.handlers, self.settings)
+        ordered = [event for event, handler in self.handlers.items() if handler.ordered]
+        return service_topology(self.name, self.handlers, self.settings, ordered)
 
     @cached_property
     def handlers_by_queue(self) -> dict[str, Handler]:

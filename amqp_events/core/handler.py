@@ -43,6 +43,9 @@ class Handler:
     breaker: Any = None
     #: Names of the health checks it requires.
     requires: tuple[str, ...] = ()
+    #: Its events are handled one at a time per key, in order: the name of the argument (of the field, for
+    #: class events) that holds the key, or a callable given the event's arguments; ``None``: unordered.
+    ordered_by: str | Callable[..., Any] | None = None
     #: Argument shapes (how many positional, which keywords) already seen to fit the signature.
     _fitting_shapes: set[tuple[int, frozenset[str]]] = field(default_factory=set, repr=False)
 
@@ -50,6 +53,8 @@ class Handler:
         unknown = set(self.retry_options) - set(RETRY_OPTIONS)
         if unknown:
             raise TypeError(f"{self.name}: unknown retry option(s) {', '.join(sorted(unknown))}")
+        if isinstance(self.ordered_by, str) and self.ordered_by not in self._payload_names():
+            raise TypeError(f"{self.name}: ordered_by={self.ordered_by!r} is not one of its event's arguments")
         if self.inbox is not None and not self._takes_a_handle():
             raise TypeError(
                 f"{self.name} has an inbox, so it receives the inbox's session or connection as its first "
@@ -91,6 +96,32 @@ class Handler:
                 raise BadArguments(f"{self.name}{self.signature} cannot take this payload: {exc}") from exc
             self._fitting_shapes.add(shape)
         return args, kwargs
+
+    @property
+    def ordered(self) -> bool:
+        return self.ordered_by is not None
+
+    def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The key of an event with these arguments, as ``ordered_by`` says (:class:`~amqp_events.BadArguments`
+        when they do not give one)."""
+        ordered_by = self.ordered_by
+        try:
+            if callable(ordered_by):
+                return ordered_by(*args, **kwargs)
+            if self.event_class is not None:
+                return kwargs[str(ordered_by)]
+            handle = () if self.inbox is None else (None,)
+            return self.signature.bind(*handle, *args, **kwargs).arguments[str(ordered_by)]
+        except Exception as exc:
+            raise BadArguments(f"{self.name}: no key ({ordered_by!r}) in this payload: {exc!r}") from exc
+
+    def _payload_names(self) -> set[str]:
+        if self.event_class is not None:
+            fields = getattr(self.event_class, "__dataclass_fields__", None) or getattr(
+                self.event_class, "model_fields", {}
+            )
+            return set(fields)
+        return set(list(self.signature.parameters)[int(self.inbox is not None) :])
 
     def _takes_a_handle(self) -> bool:
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from amqp_events.core.context import Attempt, ServiceContext
-from amqp_events.core.outcome import Ack, Outcome
+from amqp_events.core.outcome import Ack, Outcome, Redeliver
 from amqp_events.errors import TopologyMissing
 from amqp_events.wire.message import OutgoingMessage
 
@@ -19,12 +19,22 @@ logger = logging.getLogger(__name__)
 
 def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
     """Let the middleware see ``outcome`` (``before_settle``), then publish its copy; returns the outcome
-    carried out."""
+    carried out.
+
+    An ordered handler's retry is not published: the worker keeps the original
+    (unacked, on the broker) and runs the copy after its delay, so that later
+    events of its key wait behind it (:mod:`amqp_events.ordering`).
+    """
     for before in attempt.context.middleware.before_settle:
         outcome = before(attempt, outcome)
-    if not isinstance(outcome, Ack):
-        publish_routed(attempt.context, outcome.copy)
+    if isinstance(outcome, Ack) or (isinstance(outcome, Redeliver) and is_ordered(attempt)):
+        return outcome
+    publish_routed(attempt.context, outcome.copy)
     return outcome
+
+
+def is_ordered(attempt: Attempt) -> bool:
+    return attempt.handler is not None and attempt.handler.ordered
 
 
 def publish_routed(context: ServiceContext, message: OutgoingMessage) -> None:

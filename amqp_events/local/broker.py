@@ -25,6 +25,9 @@ from amqp_events.local.installation import Installation, find
 from amqp_events.management import ManagementAPI
 
 LOOPBACK = "127.0.0.1"
+#: The plugins a local node runs: the management API and Prometheus endpoint, and the consistent-hash exchange
+#: that spreads ordered handlers' events over their partitions (all ship with RabbitMQ).
+PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_consistent_hash_exchange")
 
 
 @dataclass
@@ -238,7 +241,7 @@ class LocalBroker:
             kernel = f"{{kernel, [{settings}]}}"
         (base / "advanced.config").write_text(f"[{kernel}].\n")
         (base / "rabbitmq-env.conf").write_text("")
-        (base / "enabled_plugins").write_text("[rabbitmq_management,rabbitmq_prometheus].\n")
+        (base / "enabled_plugins").write_text(f"[{','.join(PLUGINS)}].\n")
 
     def _spawn(self, program: str, args: list[str], state: NodeState, output: str) -> int:
         argv, environment = self._command(program, args, state)

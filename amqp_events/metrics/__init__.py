@@ -53,9 +53,22 @@ class ExceptionLabels:
         return OTHER
 
 
-@cache
+_made: dict[str, Any] | None = None
+_making = threading.Lock()
+
+
 def instruments() -> dict[str, Any]:
-    """The instruments, created once per process on first use."""
+    """The instruments, created once per process on first use, by whichever thread comes first (Prometheus's
+    registry refuses a second creation)."""
+    global _made
+    if _made is None:
+        with _making:
+            if _made is None:
+                _made = _create()
+    return _made
+
+
+def _create() -> dict[str, Any]:
     from prometheus_client import Counter, Gauge, Histogram
 
     return {

@@ -8,7 +8,14 @@
 """
 
 from amqp_events.topology.layout import Binding, Topology, service_topology
-from amqp_events.topology.names import archive_queue_name, check_event_name, check_service_name, event_queue_name
+from amqp_events.topology.names import (
+    archive_queue_name,
+    check_event_name,
+    check_service_name,
+    event_queue_name,
+    ordered_exchange_name,
+    partition_queue_name,
+)
 
 __all__ = [
     "Binding",
@@ -17,5 +24,7 @@ __all__ = [
     "check_event_name",
     "check_service_name",
     "event_queue_name",
+    "ordered_exchange_name",
+    "partition_queue_name",
     "service_topology",
 ]

@@ -26,6 +26,12 @@ _VALUE = re.compile(r"^(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?$")
 def mismatch(error: PreconditionFailed) -> TopologyMismatch:
     """The broker's refusal of a declaration, as an error that names the entity, the argument and the fix."""
     reply = str(getattr(error, "reply_text", "") or error)
+    if "unknown exchange type 'x-consistent-hash'" in reply:
+        return TopologyMismatch(
+            "this service has ordered handlers (ordered_by), whose partitions need RabbitMQ's consistent-hash "
+            "exchange, a plugin that ships with the server but is off: `rabbitmq-plugins enable "
+            f"rabbitmq_consistent_hash_exchange` on every node ({reply})"
+        )
     found = _INEQUIVALENT.search(reply)
     if not found:
         return TopologyMismatch(f"the broker refused this service's topology: {reply}")

@@ -9,6 +9,10 @@ layout (README, "Topology") for a service ``orders`` handling ``E`` events:
   fires of that event and for messages sent to this queue alone (retries,
   replays). Rejected messages dead-letter back to it through the delivery
   exchange so that the worker can count them.
+* ``orders.ordered`` (consistent-hash exchange, on the ``event_key`` header) and
+  its partitions ``orders.ordered.00``... (quorum queues, one active consumer
+  each), when the service has ordered handlers: their events go there instead
+  of to ``orders:<event>``.
 * ``orders.archive`` (quorum queue, bounded by TTL and length).
 * The delay ladder (:mod:`amqp_events.topology.delays`): 22 exchanges and 22 quorum
   queues shared by every service on the vhost, the delivery exchange, and
@@ -25,7 +29,14 @@ from kombu import Exchange, Queue
 
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
-from amqp_events.topology.names import archive_queue_name, check_service_name, event_queue_name
+from amqp_events.topology.names import (
+    EVENT_KEY_HEADER,
+    archive_queue_name,
+    check_service_name,
+    event_queue_name,
+    ordered_exchange_name,
+    partition_queue_name,
+)
 
 #: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
 PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
@@ -44,6 +55,8 @@ SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
     "x-overflow": "reject-publish",
 }
+#: Points each partition has on the ordered exchange's hash ring: more points, keys spread more evenly.
+PARTITION_WEIGHT = "20"
 #: Bounds of the shared unroutable queue; constant so that every service declares it alike.
 UNROUTABLE_TTL_MS = 7 * 24 * 3600 * 1000
 UNROUTABLE_MAX_LENGTH = 10_000
@@ -188,19 +201,67 @@ def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, li
         routing_key=event,
         durable=True,
         auto_delete=False,
-        queue_arguments={
-            **quorum(settings),
-            **SAFE_DEAD_LETTERING,
-            # A rejected message comes straight back here, with an x-death entry the worker counts.
-            "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
-            "x-dead-letter-routing-key": delays.routing_key(0, delays.queue_destination(name)),
-        },
+        queue_arguments=consumed_queue_arguments(name, settings),
+    )
+    return queue, delivery_bindings(queue, event)
+
+
+def consumed_queue_arguments(name: str, settings: Settings) -> dict[str, object]:
+    """The arguments of a queue the service's workers consume: replicated, dead-lettering safely to itself."""
+    return {
+        **quorum(settings),
+        **SAFE_DEAD_LETTERING,
+        # A rejected message comes straight back here, with an x-death entry the worker counts.
+        "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
+        "x-dead-letter-routing-key": delays.routing_key(0, delays.queue_destination(name)),
+    }
+
+
+def delivery_bindings(queue: Queue, event: str | None) -> list[Binding]:
+    """What the delivery exchange brings ``queue``: delayed fires of ``event``, and copies sent to it alone."""
+    delivery = delivery_exchange()
+    return [
+        *([Binding(delivery, queue, delays.destination_pattern(delays.event_destination(event)))] if event else []),
+        Binding(delivery, queue, delays.destination_pattern(delays.queue_destination(queue.name))),
+    ]
+
+
+def ordered_partitions(
+    service: str, events: Iterable[str], settings: Settings
+) -> tuple[Exchange, list[Queue], list[Binding]]:
+    """The ordered exchange of ``service``, bound to the ``events`` handled in order, and its partitions.
+
+    The exchange hashes each message's ``event_key`` header onto a ring of
+    the partitions (RabbitMQ's consistent-hash exchange plugin): one key, one
+    partition. Each partition has one active consumer at a time, so its
+    messages are taken in the order the broker accepted them.
+    """
+    exchange = Exchange(
+        ordered_exchange_name(service),
+        "x-consistent-hash",
+        durable=True,
+        auto_delete=False,
+        arguments={"hash-header": EVENT_KEY_HEADER},
     )
     delivery = delivery_exchange()
-    return queue, [
-        Binding(delivery, queue, delays.destination_pattern(delays.event_destination(event))),
-        Binding(delivery, queue, delays.destination_pattern(delays.queue_destination(name))),
-    ]
+    bindings: list[Binding] = []
+    for event in sorted(set(events)):
+        bindings.append(Binding(events_exchange(settings), exchange, event))
+        bindings.append(Binding(delivery, exchange, delays.destination_pattern(delays.event_destination(event))))
+    queues = []
+    for partition in range(settings.partitions):
+        name = partition_queue_name(service, partition)
+        queue = Queue(
+            name,
+            exchange=exchange,
+            routing_key=PARTITION_WEIGHT,
+            durable=True,
+            auto_delete=False,
+            queue_arguments={**consumed_queue_arguments(name, settings), "x-single-active-consumer": True},
+        )
+        queues.append(queue)
+        bindings.extend(delivery_bindings(queue, None))
+    return exchange, queues, bindings
 
 
 def archive_queue(service: str, settings: Settings) -> Queue:
@@ -217,14 +278,20 @@ def archive_queue(service: str, settings: Settings) -> Queue:
     )
 
 
-def service_topology(service: str, events: Iterable[str], settings: Settings) -> Topology:
-    """The topology of ``service`` handling ``events``."""
+def service_topology(service: str, events: Iterable[str], settings: Settings, ordered: Iterable[str] = ()) -> Topology:
+    """The topology of ``service`` handling ``events``, those in ``ordered`` one at a time per key."""
     exchanges, queues, bindings = delay_ladder(settings)
+    ordered = set(ordered)
     event_queues = []
-    for event in sorted(set(events)):
-        queue, delivery_bindings = event_queue(service, event, settings)
+    for event in sorted(set(events) - ordered):
+        queue, its_bindings = event_queue(service, event, settings)
         event_queues.append(queue)
-        bindings.extend(delivery_bindings)
+        bindings.extend(its_bindings)
+    if ordered:
+        exchange, partitions, its_bindings = ordered_partitions(service, ordered, settings)
+        exchanges.append(exchange)
+        event_queues.extend(partitions)
+        bindings.extend(its_bindings)
     archive = archive_queue(service, settings)
     return Topology(
         service=check_service_name(service),

@@ -8,6 +8,9 @@ import re
 from amqp_events.errors import InvalidName
 from amqp_events.topology import delays
 
+#: The header that carries an event's key (:mod:`amqp_events.wire.message`), which the ordered exchange hashes.
+EVENT_KEY_HEADER = "event_key"
+
 _WORD = r"[A-Za-z0-9_-]+"
 _SERVICE = re.compile(rf"^{_WORD}$")
 _EVENT = re.compile(rf"^{_WORD}(\.{_WORD})*$")
@@ -51,3 +54,13 @@ def event_queue_name(service: str, event: str) -> str:
 
 def archive_queue_name(service: str) -> str:
     return f"{check_service_name(service)}.archive"
+
+
+def ordered_exchange_name(service: str) -> str:
+    """The exchange that spreads the events of ``service``'s ordered handlers over its partitions by key."""
+    return f"{check_service_name(service)}.ordered"
+
+
+def partition_queue_name(service: str, partition: int) -> str:
+    """Partition ``partition`` of ``service``'s ordered handlers."""
+    return f"{ordered_exchange_name(service)}.{partition:02d}"

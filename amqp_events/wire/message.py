@@ -31,6 +31,7 @@ from typing import Any
 from kombu.utils.json import dumps as json_dumps
 
 from amqp_events.topology import delays
+from amqp_events.topology.names import EVENT_KEY_HEADER
 
 FIRED_AT = "fired_at"
 FIRED_BY = "fired_by"
@@ -39,7 +40,7 @@ DUE_AT = "due_at"
 LOST_RUNS = "lost_runs"
 SECTION_RETRIES = "section_retries"
 FAILED_SECTION = "failed_section"
-EVENT_KEY = "event_key"
+EVENT_KEY = EVENT_KEY_HEADER
 #: A key is an AMQP header value a consistent-hash exchange can route on: a short string.
 _MAX_KEY = 255
 #: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).

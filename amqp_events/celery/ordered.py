@@ -1,0 +1,246 @@
+"""How a worker runs the messages of ordered handlers (``ordered_by``): one at a time per key, whatever the pool.
+
+The messages come from the service's partitions (:mod:`amqp_events.ordering`),
+each consumed by one worker at a time. :class:`OrderedRunner`, one per
+consumer, keeps them in lanes by key and runs them: in the consumer's own
+thread with the solo pool, otherwise in a thread pool of the worker's main
+process as large as the worker's concurrency (prefork children never run
+them: a lane must know when its message is done). A retry is held here: the
+original stays unacked on the broker and runs again after its delay.
+
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_ordered.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+from celery._state import _task_stack
+from celery.app.task import Context
+from celery.concurrency.solo import TaskPool as SoloPool
+from celery.exceptions import Ignore, Reject, Retry
+
+from amqp_events.core import handling
+from amqp_events.core.delivery import Delivery
+from amqp_events.core.outcome import Redeliver
+from amqp_events.core.settle import publish_routed
+from amqp_events.errors import BadArguments
+from amqp_events.ordering.lanes import Lanes
+from amqp_events.topology import ordered_exchange_name
+from amqp_events.wire.message import EVENT_KEY, OutgoingMessage, Reason, event_key
+
+logger = logging.getLogger(__name__)
+
+#: Longest wait of a held retry, in seconds: RabbitMQ takes back a message unacked for 30 minutes
+#: (``consumer_timeout``), so longer backoffs wait this long.
+LONGEST_HOLD = 15 * 60.0
+#: Seconds before a message whose outcome could not be carried out (the broker went away) runs again.
+SETTLE_AGAIN_AFTER = 5.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """A message of an ordered handler in a worker: running, waiting behind its key, or waiting for its retry."""
+
+    key: str
+    #: The connection it came on (:attr:`OrderedRunner.generation`): after a reconnection it is gone.
+    generation: int
+    task: Any
+    message: Any
+    ack: Callable[..., Any]
+    reject: Callable[..., Any]
+    delivery: Delivery
+
+
+class OrderedRunner:
+    """A worker's messages of ordered handlers, in lanes by key (:class:`~amqp_events.ordering.lanes.Lanes`)."""
+
+    def __init__(self, app: Any, consumer: Any) -> None:
+        self.app, self.consumer = app, consumer
+        self.lanes: Lanes[Held] = Lanes()
+        self.errors = consumer.connection_errors
+        self.loop_thread = threading.get_ident()
+        pool = consumer.pool
+        self.executor = (
+            None
+            if isinstance(pool, SoloPool)
+            else ThreadPoolExecutor(max_workers=max(1, pool.limit or 1), thread_name_prefix="amqp-events-ordered")
+        )
+        self.timers: set[threading.Timer] = set()
+        self.generation = 0
+        self.stopped = False
+
+    @classmethod
+    def of(cls, app: Any, consumer: Any) -> OrderedRunner:
+        """The runner of ``consumer``, made on first use."""
+        runner = getattr(consumer, "ordered_runner", None)
+        if runner is None:
+            runner = consumer.ordered_runner = cls(app, consumer)
+        return runner
+
+    def reconnected(self) -> None:
+        """The consumer's connection was lost: what it held went back to the broker, in order, and comes
+        again. Forget it (a run in progress finishes, but its ack is lost with the connection)."""
+        self.generation += 1
+        self.lanes = Lanes()
+        self._cancel_timers()
+
+    def stop(self) -> None:
+        """The worker stops: held retries are dropped (their messages go back to the broker, unacked)."""
+        self.stopped = True
+        self._cancel_timers()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def _cancel_timers(self) -> None:
+        for timer in list(self.timers):
+            timer.cancel()
+        self.timers.clear()
+
+    # -- a message arrives ---------------------------------------------------------------------------
+
+    def on_message(self, task: Any, message: Any, ack: Any, reject: Any) -> None:
+        handler = task.handler
+        args, kwargs, _ = message.decode()
+        info = message.delivery_info
+        delivery = Delivery(
+            message.headers,
+            self.partition_of(info.get("consumer_tag")) or handler.queue,
+            info.get("exchange") or "",
+            info.get("routing_key") or "",
+            args,
+            kwargs,
+        )
+        key = message.headers.get(EVENT_KEY)
+        if key is None:
+            self.rekey(handler, message, delivery, ack, reject)
+            return
+        held = Held(str(key), self.generation, task, message, ack, reject, delivery)
+        if self.lanes.offer(held.key, held):
+            self.submit(held)
+
+    def partition_of(self, tag: Any) -> str | None:
+        """The queue a consumer tag consumes. Upstream: kombu's ``Consumer`` keeps queue name -> tag."""
+        tags = getattr(self.consumer.task_consumer, "_active_tags", {})
+        return next((queue for queue, known in tags.items() if known == tag), None)
+
+    def rekey(self, handler: Any, message: Any, delivery: Delivery, ack: Any, reject: Any) -> None:
+        """An event fired without a key: its partition was a guess. Publish it again with the key its handler
+        names, through the ordered exchange, then ack this copy (its place among that key's events: now)."""
+        context = self.app.context
+        try:
+            key = event_key(handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
+        except (BadArguments, ValueError) as exc:
+            handling.refuse(context, replace(delivery, raw_body=message.body), Reason.BAD_ARGUMENTS, exc)
+            ack(logger, self.errors)
+            return
+        keyed = OutgoingMessage(
+            ordered_exchange_name(context.name),
+            delivery.routing_key,
+            {**message.headers, EVENT_KEY: key},
+            message.body,
+            delivery.event_id,
+            message.content_type,
+            message.content_encoding,
+        )
+        try:
+            publish_routed(context, keyed)
+        except Exception:  # it comes back (dead-lettered to its partition) and is keyed again
+            logger.exception("could not key event %s again; it comes back", delivery.event_id)
+            reject(logger, self.errors, False)
+            return
+        ack(logger, self.errors)
+
+    # -- running -------------------------------------------------------------------------------------
+
+    def submit(self, held: Held) -> None:
+        if self.stopped:
+            return
+        if self.executor is not None:
+            self.executor.submit(self.run, held)
+        elif threading.get_ident() == self.loop_thread:
+            self.run(held)
+        else:  # a held retry's timer: back to the event loop's thread, where solo runs everything
+            self.consumer.call_soon(self.run, held)
+
+    def run(self, held: Held | None) -> None:
+        """Run ``held``, then the next message of its key while its lane has one ready."""
+        while held is not None and held.generation == self.generation and not self.stopped:
+            held = self.run_one(held)
+
+    def run_one(self, held: Held) -> Held | None:
+        """Run one message; returns the next one of its key to run now, if any."""
+        try:
+            outcome = self.handle(held)
+        except Reject as exc:  # the handler rejected its message itself: it gives up its place
+            held.reject(logger, self.errors, exc.requeue)
+            return None if held.generation != self.generation else self.lanes.finish(held.key)
+        except Exception:  # the outcome could not be carried out (the broker went away): try again
+            logger.exception("could not settle %s[%s]; running it again", held.task.name, held.delivery.event_id)
+            self.later(SETTLE_AGAIN_AFTER, held)
+            return None
+        if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
+            copy = outcome.copy
+            args, kwargs = copy.body[0], copy.body[1]
+            again = replace(held, delivery=replace(held.delivery, headers=copy.headers, args=args, kwargs=kwargs))
+            self.later(min(float(outcome.delay), LONGEST_HOLD), again)
+            return None
+        return self.done(held)
+
+    def done(self, held: Held) -> Held | None:
+        """Ack ``held``; returns the next message of its key to run now, if any."""
+        held.ack(logger, self.errors)
+        if held.generation != self.generation:
+            return None
+        return self.lanes.finish(held.key)
+
+    def handle(self, held: Held) -> Any:
+        task = held.task
+        handler = task.handler
+        _task_stack.push(task)
+        if handler.takes_self:  # ``self.request`` of a bound handler
+            info = held.message.delivery_info
+            request = Context(
+                dict(held.delivery.headers),
+                args=held.delivery.args,
+                kwargs=held.delivery.kwargs,
+                is_eager=False,
+                delivery_info=info,
+                hostname=self.consumer.hostname,
+                called_directly=False,
+            )
+            task.request_stack.push(request)
+        try:
+            outcome, _ = handling.handle(self.app.context, handler, held.delivery, task.run)
+            return outcome
+        except (Ignore, Retry):  # the handler raised Celery's Ignore (or Retry) itself: done with it
+            return None
+        finally:
+            if handler.takes_self:
+                task.request_stack.pop()
+            _task_stack.pop()
+
+    def later(self, seconds: float, held: Held) -> None:
+        def due() -> None:
+            self.timers.discard(timer)
+            self.submit(held)
+
+        timer = threading.Timer(seconds, due)
+        timer.daemon = True
+        self.timers.add(timer)
+        timer.start()
+
+
+def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
+    """The strategy of an ordered handler's task: every message goes to the consumer's :class:`OrderedRunner`."""
+    runner = OrderedRunner.of(app, consumer)
+
+    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> None:
+        runner.on_message(task, message, ack, reject)
+
+    return on_message

@@ -1,0 +1,20 @@
+"""Ordered handling per key: one aggregate's events handled one at a time, in the order the broker took them.
+
+How it works (README, "Ordered handling"):
+
+* **Partitions.** A service's ordered handlers share ``amqp_events_partitions``
+  quorum queues, ``<service>.ordered.NN``. RabbitMQ's consistent-hash
+  exchange ``<service>.ordered`` puts every event of one key (its
+  ``event_key`` header) into the same partition, in the order it accepted them.
+* **One consumer per partition.** Each partition has a single active
+  consumer (``x-single-active-consumer``): whatever the number of workers,
+  one of them takes a partition's messages, in order. If it dies, RabbitMQ
+  gives its unacked messages back first, in their order, to the next one.
+* **Lanes in the worker.** Within the messages a worker holds, those of one
+  key run one at a time (:class:`~amqp_events.ordering.lanes.Lanes`); other
+  keys run alongside.
+* **Retries keep their place.** A failed event's retry does not go through
+  the delay ladder: the worker keeps the original, unacked on the broker, and
+  runs it again after its delay; later events of its key wait behind it, the
+  others go on. The cost is bounded by the prefetch window.
+"""
