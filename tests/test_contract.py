@@ -405,3 +405,25 @@ def test_cloud_events_are_handled_retried_and_archived_like_any_event(mode, reco
         "urn:shop:web",
     )
     assert "'type'" in archived.exception_message
+
+
+def test_an_accounts_events_are_handled_in_order_through_its_retries(mode, records):
+    mode.start("ledger")
+    moved = "accounts.money.moved"
+    mode.producer.fire(
+        "accounts.account.opened", kwargs={"account": "a-1", "seq": 0, "how": {"fail_times": 2}}, key="a-1"
+    )
+    for seq in (1, 2):
+        mode.producer.fire(moved, kwargs={"account": "a-1", "seq": seq}, key="a-1")
+    mode.producer.fire(moved, kwargs={"account": "b-2", "seq": 0}, key="b-2")
+    mode.producer.fire(moved, kwargs={"account": "a-1", "seq": 3})  # no key: its handler's ordered_by gives it
+    mode.until(lambda: len([run for run in records.all(account="a-1") if run["ok"]]) == 4)
+    runs = records.all(service="ledger")
+    assert [(run["seq"], run["ok"]) for run in runs if run["account"] == "a-1"] == [
+        (0, False), (0, False), (0, True), (1, True), (2, True), (3, True),
+    ]  # fmt: skip
+    first_success = next(n for n, run in enumerate(runs) if run["account"] == "a-1" and run["ok"])
+    assert [n for n, run in enumerate(runs) if run["account"] == "b-2"] < [first_success]  # not held up by a-1
+    first, second, third = (run for run in runs if run["account"] == "a-1" and run["seq"] == 0)
+    mode.assert_waited(second["time"] - first["time"], 1)  # the backoff, held in place
+    mode.assert_waited(third["time"] - second["time"], 2)

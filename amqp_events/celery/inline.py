@@ -14,11 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.app.trace import trace_task_ret
+from celery.exceptions import Reject
 from kombu.message import Message
 from kombu.serialization import prepare_accept_content
 from kombu.utils.imports import symbol_by_name
 
+from amqp_events.celery import ordered
 from amqp_events.celery.received import Archiver, admit
+from amqp_events.core.delivery import Delivery
+from amqp_events.core.outcome import Redeliver
 from amqp_events.errors import NotModelled
 
 
@@ -58,6 +62,9 @@ class InlineWorker:
             self.archiver.archive(message, *refused)
             return
         task = self.app.tasks[message.headers["task"]]
+        if task.handler.ordered:
+            self.run_ordered(task, message, channel)
+            return
         request = symbol_by_name(task.Request)(
             message,
             on_ack=message.ack_log_error,
@@ -71,6 +78,31 @@ class InlineWorker:
             decoded=False,
         )
         request.execute_using_pool(self.pool)
+
+    def run_ordered(self, task: Any, message: Message, channel: Any) -> None:
+        """An ordered handler's message, as a worker's :class:`~amqp_events.celery.ordered.OrderedRunner`
+        runs it: its retry is held by the broker in memory, the later messages of its key behind it."""
+        args, kwargs, _ = message.decode()
+        info = message.delivery_info
+        delivery = Delivery(message.headers, channel.queue, info["exchange"], info["routing_key"], args, kwargs)
+
+        def ack(*_: Any) -> None:
+            message.ack()
+
+        def reject(_: Any, __: Any, requeue: bool) -> None:
+            message.reject(requeue)
+
+        if ordered.key_of(self.app, task.handler, message, delivery, ack, reject) is None:
+            return
+        try:
+            outcome = ordered.run(self.app, task, delivery, info, self.hostname)
+        except Reject as exc:
+            message.reject(exc.requeue)
+            return
+        if isinstance(outcome, Redeliver):
+            channel.hold(outcome)
+        else:
+            message.ack()
 
 
 class InlinePool:

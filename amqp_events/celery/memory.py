@@ -15,7 +15,11 @@ objects a worker declares (:mod:`amqp_events.topology`):
   ``x-overflow``) and dead-lettering (``x-dead-letter-exchange`` and
   ``-routing-key``) of expired and rejected messages, with ``x-death``;
 * consuming with acks and rejects; a requeued message goes back to the head
-  of its queue with ``x-delivery-count`` counted up (quorum queues).
+  of its queue with ``x-delivery-count`` counted up (quorum queues);
+* the consistent-hash exchange of ordered handlers: one key (its hash header),
+  one queue; and a message *held* unacked by its consumer until a time, the
+  later messages of its key in that queue not given out before it
+  (:meth:`MemoryBroker.hold`, the ordered handlers' retries).
 
 Time is whatever ``now()`` says: :meth:`MemoryBroker.expire` moves the
 messages whose TTL ran out by then.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,11 +39,11 @@ from typing import Any
 
 from amqp.exceptions import NotFound
 from kombu import Exchange
-from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, ExchangeType, TopicExchange
+from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExchange, ExchangeType, TopicExchange
 
 from amqp_events.core.transport import Browsed, StoredMessage
 from amqp_events.topology import Topology
-from amqp_events.wire.message import X_DEATH, X_DELIVERY_COUNT
+from amqp_events.wire.message import EVENT_KEY, X_DEATH, X_DELIVERY_COUNT
 
 
 class QueueFull(Exception):
@@ -71,6 +76,8 @@ class MemoryQueue:
     name: str
     arguments: dict[str, Any]
     messages: deque[Envelope] = field(default_factory=deque)
+    #: Messages their consumer holds until a time (an ordered handler's retry), by key.
+    held: dict[str, tuple[datetime, Envelope]] = field(default_factory=dict)
 
     @property
     def ttl(self) -> timedelta | None:
@@ -112,7 +119,12 @@ class MemoryBroker:
         self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}
         self.queues: dict[str, MemoryQueue] = {}
         self.routes: dict[str, list[Route]] = {}
-        types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange}
+        # A consistent-hash exchange binds like a direct one; it routes by key (:meth:`_route`).
+        types: dict[str, Any] = {
+            **STANDARD_EXCHANGE_TYPES,
+            "topic": AmqpTopicExchange,
+            "x-consistent-hash": DirectExchange,
+        }
         self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
         self._seq = itertools.count(1)
 
@@ -147,7 +159,7 @@ class MemoryBroker:
 
     def publish(self, envelope: Envelope) -> bool:
         """Route ``envelope`` by its exchange and routing key; ``True`` if a queue received it."""
-        queues = self._route(envelope.exchange, envelope.routing_key, frozenset())
+        queues = self._route(envelope.exchange, envelope.routing_key, frozenset(), envelope.headers)
         full = [name for name in queues if self._refuses(self.queues[name])]
         if full:
             raise QueueFull(f"queue(s) {', '.join(full)} at their length limit refuse new messages")
@@ -155,23 +167,33 @@ class MemoryBroker:
             self._enqueue(self.queues[name], replace(envelope, headers=copy.deepcopy(envelope.headers)))
         return bool(queues)
 
-    def _route(self, exchange: str, routing_key: str, seen: frozenset[str]) -> set[str]:
+    def _route(self, exchange: str, routing_key: str, seen: frozenset[str], headers: dict[str, Any]) -> set[str]:
         if exchange == "":  # the default exchange: straight to the queue of that name
             return {routing_key} if routing_key in self.queues else set()
         if exchange not in self.exchanges:
             raise NotFound(f"NOT_FOUND - no exchange '{exchange}' in vhost", reply_code=404)
         kind, arguments = self.exchanges[exchange]
+        if kind == "x-consistent-hash":
+            return self._by_hash(exchange, headers.get(arguments.get("hash-header", "")))
         table = [(route.key, route.pattern, route.destination) for route in self.routes.get(exchange, [])]
         queues: set[str] = set()
         for to_exchange, name in self._types[kind].lookup(table, exchange, routing_key, None):
             if not to_exchange:
                 queues.add(name)
             elif name not in seen and name in self.exchanges:
-                queues |= self._route(name, routing_key, seen | {exchange})
+                queues |= self._route(name, routing_key, seen | {exchange}, headers)
         alternate = arguments.get("alternate-exchange")
         if not queues and alternate and alternate not in seen:
-            queues = self._route(alternate, routing_key, seen | {exchange})
+            queues = self._route(alternate, routing_key, seen | {exchange}, headers)
         return queues
+
+    def _by_hash(self, exchange: str, key: Any) -> set[str]:
+        """One of the exchange's queues for ``key``, always the same (without a key: the first, as RabbitMQ
+        routes a message without the hash header to one queue)."""
+        queues = sorted({name for route in self.routes.get(exchange, []) for to_exchange, name in [route.destination]})
+        if not queues:
+            return set()
+        return {queues[zlib.crc32(str(key).encode()) % len(queues)] if key is not None else queues[0]}
 
     def _refuses(self, queue: MemoryQueue) -> bool:
         limit = queue.arguments.get("x-max-length")
@@ -189,13 +211,15 @@ class MemoryBroker:
     # -- time passing -------------------------------------------------------------------------------
 
     def next_expiry(self, dead_lettering_only: bool = False) -> datetime | None:
-        """When the next message's TTL runs out (only in queues that pass it on, if asked)."""
+        """When the next message's TTL runs out (only in queues that pass it on, if asked), or a held
+        message is due."""
         times = [
             expires
             for queue in self.queues.values()
             if not dead_lettering_only or queue.dead_letter_exchange
             if (expires := queue.head_expires_at()) is not None
         ]
+        times.extend(until for queue in self.queues.values() for until, _ in queue.held.values())
         return min(times, default=None)
 
     def expire(self) -> None:
@@ -223,12 +247,29 @@ class MemoryBroker:
     # -- consuming ----------------------------------------------------------------------------------
 
     def oldest(self, queues: Iterator[str] | list[str]) -> tuple[str, Envelope] | None:
-        """The message that arrived first among ``queues``, taken off its queue (unacked), if any."""
-        heads = [(self.queues[name].messages[0].seq, name) for name in queues if self.queues[name].messages]
-        if not heads:
+        """The message that arrived first among ``queues``, taken off its queue (unacked), if any: a held
+        message once it is due, none of the later ones of its key before it."""
+        now = self.now()
+        candidates: list[tuple[int, str, Envelope]] = []
+        for name in queues:
+            queue = self.queues[name]
+            candidates.extend((envelope.seq, name, envelope) for until, envelope in queue.held.values() if until <= now)
+            head = next((envelope for envelope in queue.messages if _key(envelope) not in queue.held), None)
+            if head is not None:
+                candidates.append((head.seq, name, head))
+        if not candidates:
             return None
-        _, name = min(heads)
-        return name, self.queues[name].messages.popleft()
+        _, name, envelope = min(candidates, key=lambda candidate: candidate[0])
+        queue = self.queues[name]
+        if queue.held.get(_key(envelope), (None, None))[1] is envelope:
+            del queue.held[_key(envelope)]
+        else:
+            queue.messages.remove(envelope)
+        return name, envelope
+
+    def hold(self, queue: str, envelope: Envelope, until: datetime) -> None:
+        """Its consumer keeps ``envelope`` (unacked) until ``until``; later messages of its key wait."""
+        self.queues[queue].held[_key(envelope)] = (until, envelope)
 
     def reject(self, queue: str, envelope: Envelope, requeue: bool) -> None:
         """A consumer gave ``envelope`` back: to the head of its queue, or to the dead-letter exchange."""
@@ -255,6 +296,10 @@ class MemoryBroker:
         if queue not in self.queues:
             raise NotFound(f"NOT_FOUND - no queue '{queue}' in vhost", reply_code=404)
         return len(self.queues[queue].messages)
+
+
+def _key(envelope: Envelope) -> Any:
+    return envelope.headers.get(EVENT_KEY)
 
 
 def with_death(

@@ -116,9 +116,8 @@ class OrderedRunner:
             args,
             kwargs,
         )
-        key = message.headers.get(EVENT_KEY)
+        key = key_of(self.app, handler, message, delivery, ack, reject, self.errors)
         if key is None:
-            self.rekey(handler, message, delivery, ack, reject)
             return
         held = Held(str(key), self.generation, task, message, ack, reject, delivery)
         if self.lanes.offer(held.key, held):
@@ -128,33 +127,6 @@ class OrderedRunner:
         """The queue a consumer tag consumes. Upstream: kombu's ``Consumer`` keeps queue name -> tag."""
         tags = getattr(self.consumer.task_consumer, "_active_tags", {})
         return next((queue for queue, known in tags.items() if known == tag), None)
-
-    def rekey(self, handler: Any, message: Any, delivery: Delivery, ack: Any, reject: Any) -> None:
-        """An event fired without a key: its partition was a guess. Publish it again with the key its handler
-        names, through the ordered exchange, then ack this copy (its place among that key's events: now)."""
-        context = self.app.context
-        try:
-            key = event_key(handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
-        except (BadArguments, ValueError) as exc:
-            handling.refuse(context, replace(delivery, raw_body=message.body), Reason.BAD_ARGUMENTS, exc)
-            ack(logger, self.errors)
-            return
-        keyed = OutgoingMessage(
-            ordered_exchange_name(context.name),
-            delivery.routing_key,
-            {**message.headers, EVENT_KEY: key},
-            message.body,
-            delivery.event_id,
-            message.content_type,
-            message.content_encoding,
-        )
-        try:
-            publish_routed(context, keyed)
-        except Exception:  # it comes back (dead-lettered to its partition) and is keyed again
-            logger.exception("could not key event %s again; it comes back", delivery.event_id)
-            reject(logger, self.errors, False)
-            return
-        ack(logger, self.errors)
 
     # -- running -------------------------------------------------------------------------------------
 
@@ -176,7 +148,7 @@ class OrderedRunner:
     def run_one(self, held: Held) -> Held | None:
         """Run one message; returns the next one of its key to run now, if any."""
         try:
-            outcome = self.handle(held)
+            outcome = run(self.app, held.task, held.delivery, held.message.delivery_info, self.consumer.hostname)
         except Reject as exc:  # the handler rejected its message itself: it gives up its place
             held.reject(logger, self.errors, exc.requeue)
             return None if held.generation != self.generation else self.lanes.finish(held.key)
@@ -185,9 +157,7 @@ class OrderedRunner:
             self.later(SETTLE_AGAIN_AFTER, held)
             return None
         if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
-            copy = outcome.copy
-            args, kwargs = copy.body[0], copy.body[1]
-            again = replace(held, delivery=replace(held.delivery, headers=copy.headers, args=args, kwargs=kwargs))
+            again = replace(held, delivery=retried(held.delivery, outcome))
             self.later(min(float(outcome.delay), LONGEST_HOLD), again)
             return None
         return self.done(held)
@@ -198,32 +168,6 @@ class OrderedRunner:
         if held.generation != self.generation:
             return None
         return self.lanes.finish(held.key)
-
-    def handle(self, held: Held) -> Any:
-        task = held.task
-        handler = task.handler
-        _task_stack.push(task)
-        if handler.takes_self:  # ``self.request`` of a bound handler
-            info = held.message.delivery_info
-            request = Context(
-                dict(held.delivery.headers),
-                args=held.delivery.args,
-                kwargs=held.delivery.kwargs,
-                is_eager=False,
-                delivery_info=info,
-                hostname=self.consumer.hostname,
-                called_directly=False,
-            )
-            task.request_stack.push(request)
-        try:
-            outcome, _ = handling.handle(self.app.context, handler, held.delivery, task.run)
-            return outcome
-        except (Ignore, Retry):  # the handler raised Celery's Ignore (or Retry) itself: done with it
-            return None
-        finally:
-            if handler.takes_self:
-                task.request_stack.pop()
-            _task_stack.pop()
 
     def later(self, seconds: float, held: Held) -> None:
         def due() -> None:
@@ -244,3 +188,76 @@ def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
         runner.on_message(task, message, ack, reject)
 
     return on_message
+
+
+def key_of(
+    app: Any, handler: Any, message: Any, delivery: Delivery, ack: Any, reject: Any, errors: Any = ()
+) -> str | None:
+    """The key of a message of an ordered handler; ``None`` when it has none, and was settled instead.
+
+    An event fired without a key went to a partition by guess: it is
+    published again with the key its handler names, through the ordered
+    exchange (its place among that key's events: now), and this copy acked.
+    One whose arguments give no key is archived as ``bad_arguments``.
+    """
+    key = message.headers.get(EVENT_KEY)
+    if key is not None:
+        return str(key)
+    context = app.context
+    try:
+        found = event_key(handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
+    except (BadArguments, ValueError) as exc:
+        handling.refuse(context, replace(delivery, raw_body=message.body), Reason.BAD_ARGUMENTS, exc)
+        ack(logger, errors)
+        return None
+    keyed = OutgoingMessage(
+        ordered_exchange_name(context.name),
+        delivery.routing_key,
+        {**message.headers, EVENT_KEY: found},
+        message.body,
+        delivery.event_id,
+        message.content_type,
+        message.content_encoding,
+    )
+    try:
+        publish_routed(context, keyed)
+    except Exception:  # it comes back (dead-lettered to its partition) and is keyed again
+        logger.exception("could not key event %s again; it comes back", delivery.event_id)
+        reject(logger, errors, False)
+        return None
+    ack(logger, errors)
+    return None
+
+
+def run(app: Any, task: Any, delivery: Delivery, delivery_info: Any, hostname: str) -> Any:
+    """Run an ordered handler's message through the handling pipeline; returns its outcome (a ``Redeliver``
+    is its retry, not published: the caller holds the message). ``None``: the handler raised Celery's
+    ``Ignore`` itself."""
+    handler = task.handler
+    _task_stack.push(task)
+    if handler.takes_self:  # ``self.request`` of a bound handler
+        request = Context(
+            dict(delivery.headers),
+            args=delivery.args,
+            kwargs=delivery.kwargs,
+            is_eager=False,
+            delivery_info=delivery_info,
+            hostname=hostname,
+            called_directly=False,
+        )
+        task.request_stack.push(request)
+    try:
+        outcome, _ = handling.handle(app.context, handler, delivery, task.run)
+        return outcome
+    except (Ignore, Retry):
+        return None
+    finally:
+        if handler.takes_self:
+            task.request_stack.pop()
+        _task_stack.pop()
+
+
+def retried(held_delivery: Delivery, retry: Redeliver) -> Delivery:
+    """The delivery a held retry runs with: the retry copy's headers and arguments."""
+    copy = retry.copy
+    return replace(held_delivery, headers=copy.headers, args=copy.body[0], kwargs=copy.body[1])

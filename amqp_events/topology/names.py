@@ -61,6 +61,12 @@ def ordered_exchange_name(service: str) -> str:
     return f"{check_service_name(service)}.ordered"
 
 
+def is_ordered_exchange(name: str) -> bool:
+    """Is ``name`` a service's ordered exchange (which workers declare, never producers)?"""
+    service, dot, rest = name.partition(".")
+    return bool(dot) and rest == "ordered" and bool(_SERVICE.match(service))
+
+
 def partition_queue_name(service: str, partition: int) -> str:
     """Partition ``partition`` of ``service``'s ordered handlers."""
     return f"{ordered_exchange_name(service)}.{partition:02d}"

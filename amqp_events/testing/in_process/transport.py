@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from kombu.serialization import dumps
 
 from amqp_events.celery.memory import Envelope, MemoryBroker, QueueFull
 from amqp_events.celery.publisher import exchange_to_declare
+from amqp_events.core.outcome import Redeliver
 from amqp_events.errors import PublishError
 from amqp_events.topology import Topology
 from amqp_events.wire.message import OutgoingMessage
@@ -115,4 +118,11 @@ class MemoryChannel:
 
     def basic_reject(self, delivery_tag: int, requeue: bool) -> None:
         self.broker.reject(self.queue, self.envelope, requeue)
+        self.settled = True
+
+    def hold(self, retry: Redeliver) -> None:
+        """Keep the message (an ordered handler's) until its retry is due, carrying the retry's headers."""
+        headers = dict(retry.copy.headers)
+        held = replace(self.envelope, headers=headers, body=envelope_of(retry.copy).body)
+        self.broker.hold(self.queue, held, self.broker.now() + timedelta(seconds=retry.delay))
         self.settled = True
