@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from amqp.exceptions import InvalidCommand, PreconditionFailed
 
 from amqp_events import events_app
-from amqp_events.errors import BadArguments
+from amqp_events.asyncapi.document import document
+from amqp_events.errors import BadArguments, TopologyMismatch
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.topology import partition_queue_name
+from amqp_events.topology.declare import mismatch
 from amqp_events.topology.names import is_ordered_exchange
 
 
@@ -92,3 +95,30 @@ def test_ordered_events_share_the_service_s_partitions_instead_of_a_queue_each(a
 @pytest.mark.parametrize(("name", "ordered"), [("ledger.ordered", True), ("events", False), ("a.b.ordered", False)])
 def test_only_a_service_s_ordered_exchange_is_left_to_its_workers_to_declare(name, ordered):
     assert is_ordered_exchange(name) is ordered
+
+
+def test_the_asyncapi_document_describes_each_ordered_event_s_way_to_its_partitions(app):
+    @app.handler("accounts.money.moved", ordered_by="account")
+    def moved(account: str): ...
+
+    @app.handler("accounts.account.opened", ordered_by="account")
+    def opened(account: str): ...
+
+    described = document(app.context, app.declared_events, "amqp://localhost//")
+    for event in ("accounts.money.moved", "accounts.account.opened"):
+        channel = described["channels"][f"ledger.ordered:{event}"]
+        assert channel["address"] == "ledger.ordered" and list(channel["messages"]) == [event, f"{event}.cloudevent"]
+        assert described["operations"][f"handle.{event}"]["channel"] == {"$ref": f"#/channels/ledger.ordered:{event}"}
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        InvalidCommand("COMMAND_INVALID - unknown exchange type 'x-consistent-hash'", reply_code=503),  # 3.x
+        PreconditionFailed("PRECONDITION_FAILED - unknown exchange type 'x-consistent-hash'", reply_code=406),  # 4.x
+    ],
+)
+def test_a_broker_without_the_consistent_hash_plugin_gets_the_command_that_enables_it(refusal):
+    error = mismatch(refusal)
+    assert isinstance(error, TopologyMismatch)
+    assert "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange" in str(error)

@@ -103,6 +103,24 @@ def test_the_event_key_example_works_as_written(tmp_path, broker_url, start_work
     assert "order 7 placed (key 7)" in orders.log()
 
 
+def test_the_ordered_handling_example_works_as_written(tmp_path, broker_url, start_worker, producer):
+    write_blocks(tmp_path, broker_url, "accounts/celery.py", "accounts/handlers.py")
+    accounts = start_worker(
+        "accounts.celery", pool="threads", concurrency=4, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}
+    )
+    for move in range(6):
+        for account_id in (1, 2, 3):
+            producer.fire(
+                "accounts.money.moved", kwargs={"account_id": account_id, "move": move, "amount": "1"}, key=account_id
+            )
+    for account_id in (1, 2, 3):
+        producer.fire("accounts.account.closed", kwargs={"account_id": account_id}, key=account_id)
+    wait_for(lambda: accounts.log().count(": closed") == 3, 30, what="every account closed")
+    for account_id in (1, 2, 3):
+        seen = re.findall(rf"account {account_id}: (move \d|closed)", accounts.log())
+        assert seen == [*(f"move {move}" for move in range(6)), "closed"]
+
+
 def test_the_tracing_example_works_as_written(tmp_path, broker_url, start_worker):
     write_blocks(tmp_path, broker_url, "telemetry.py", "orders/celery.py", "orders/handlers.py")
     module = tmp_path / "orders" / "celery.py"
@@ -373,7 +391,7 @@ def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():
             neither.append(first)
     assert neither == []
     assert [name for name in named if f'"{name}"' not in tests] == []  # each named block is written by a test
-    assert (len(named), len(fragments)) == (19, 6)
+    assert (len(named), len(fragments)) == (21, 6)
 
 
 def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):

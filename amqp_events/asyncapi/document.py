@@ -80,28 +80,13 @@ def document(
                 "bindings": {"amqp": {"deliveryMode": 2, "mandatory": True, "bindingVersion": AMQP_BINDINGS}},
             }
         if name in handled:
-            queue = handled[name].queue
-            channels[queue] = {
-                "address": queue,
-                "title": f"the queue of {name} in {service}",
-                "description": "A quorum queue bound to the exchange by the event's name. Retries come back to it "
-                "through the broker's delay queues; messages that run out of retries go to "
-                f"{service}.archive.",
-                "messages": _references(name),
-                "bindings": {
-                    "amqp": {
-                        "is": "queue",
-                        "queue": {
-                            "name": queue,
-                            "durable": True,
-                            "exclusive": False,
-                            "autoDelete": False,
-                            "vhost": vhost,
-                        },
-                        "bindingVersion": AMQP_BINDINGS,
-                    }
-                },
-            }
+            handler = handled[name]
+            if handler.ordered:  # one channel per event: its partitions are shared with other events
+                queue = f"{handler.queue}:{name}"
+                channels[queue] = _ordered_channel(service, name, handler.queue, vhost, settings.partitions)
+            else:
+                queue = handler.queue
+                channels[queue] = _queue_channel(service, name, queue, vhost)
             operations[f"handle.{name}"] = {
                 "action": "receive",
                 "channel": {"$ref": f"#/channels/{queue}"},
@@ -127,6 +112,43 @@ def document(
         "channels": channels,
         "operations": operations,
         "components": {"messages": messages, "schemas": {**definitions, **schemas}},
+    }
+
+
+def _queue_channel(service: str, name: str, queue: str, vhost: str) -> dict[str, Any]:
+    return {
+        "address": queue,
+        "title": f"the queue of {name} in {service}",
+        "description": "A quorum queue bound to the exchange by the event's name. Retries come back to it "
+        "through the broker's delay queues; messages that run out of retries go to "
+        f"{service}.archive.",
+        "messages": _references(name),
+        "bindings": {
+            "amqp": {
+                "is": "queue",
+                "queue": {"name": queue, "durable": True, "exclusive": False, "autoDelete": False, "vhost": vhost},
+                "bindingVersion": AMQP_BINDINGS,
+            }
+        },
+    }
+
+
+def _ordered_channel(service: str, name: str, exchange: str, vhost: str, partitions: int) -> dict[str, Any]:
+    return {
+        "address": exchange,
+        "title": f"{name} handled in order per key by {service}",
+        "description": f"The events exchange sends {name} on to {exchange}, a consistent-hash exchange that puts "
+        f"every event of one key (its {EVENT_KEY} header) into the same one of {partitions} partitions, "
+        f"{exchange}.00 and on: quorum queues with a single active consumer each. Retries wait in the worker, "
+        f"in place; messages that run out of retries go to {service}.archive.",
+        "messages": _references(name),
+        "bindings": {
+            "amqp": {
+                "is": "routingKey",
+                "exchange": {"name": exchange, "durable": True, "autoDelete": False, "vhost": vhost},
+                "bindingVersion": AMQP_BINDINGS,
+            }
+        },
     }
 
 

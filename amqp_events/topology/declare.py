@@ -8,7 +8,7 @@ import re
 import shlex
 from typing import Any
 
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import InvalidCommand, PreconditionFailed
 from kombu import Connection, Queue
 
 from amqp_events.errors import TopologyMismatch
@@ -23,10 +23,13 @@ _INEQUIVALENT = re.compile(
 _VALUE = re.compile(r"^(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?$")
 
 
-def mismatch(error: PreconditionFailed) -> TopologyMismatch:
+UNKNOWN_TYPE = "unknown exchange type"
+
+
+def mismatch(error: PreconditionFailed | InvalidCommand) -> TopologyMismatch:
     """The broker's refusal of a declaration, as an error that names the entity, the argument and the fix."""
     reply = str(getattr(error, "reply_text", "") or error)
-    if "unknown exchange type 'x-consistent-hash'" in reply:
+    if f"{UNKNOWN_TYPE} 'x-consistent-hash'" in reply:
         return TopologyMismatch(
             "this service has ordered handlers (ordered_by), whose partitions need RabbitMQ's consistent-hash "
             "exchange, a plugin that ships with the server but is off: `rabbitmq-plugins enable "
@@ -81,7 +84,11 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
         for link in topology.bindings:
             destination: Any = link.destination  # a Queue or an Exchange: both bind the same way
             destination.bind_to(link.source, routing_key=link.routing_key, channel=channel)
-    except PreconditionFailed as error:
+    except (PreconditionFailed, InvalidCommand) as error:
+        # RabbitMQ 3.x refuses an exchange type it lacks (a plugin off) with a connection error, 4.x with a
+        # channel error: either way, the worker must not reconnect and try again for ever.
+        if isinstance(error, InvalidCommand) and UNKNOWN_TYPE not in str(error):
+            raise
         raise mismatch(error) from None
     finally:
         if channel.is_open:
