@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import urllib.parse
-from collections import Counter
+from collections import Counter, defaultdict
 
 import pytest
 from click.testing import CliRunner
+from ordered_helpers import all_succeeded, check_order, fire_sequences
 from services.effects import metadata
 from sqlalchemy import create_engine, text
 
@@ -106,6 +108,28 @@ def test_killing_the_node_that_leads_a_queue_while_events_flow_loses_nothing(clu
     duplicates = handled_by_every_service(records, fired)
     print(f"\nkilled leader node {leader + 1} after 1,500 of {len(fired)} events: none lost, {duplicates} duplicate(s)")
     assert orders.is_running() and shipping.is_running()  # the workers moved to another node by themselves
+    producer.close()
+
+
+def test_ordered_events_stay_in_order_when_the_node_leading_a_partition_is_killed(
+    cluster, cluster_url, on_cluster, records
+):
+    workers = [on_cluster("ledger", pool="threads", concurrency=3) for _ in range(2)]
+    time.sleep(3)
+    producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
+    fired: dict[str, list[int]] = defaultdict(list)
+    accounts = [f"acct-{n}" for n in range(40)]
+    firing = threading.Thread(target=fire_sequences, args=(producer, accounts, 15, 0.1, random.Random(5), fired))
+    firing.start()
+    wait_for(lambda: len(records.all(service="ledger")) > 150, 60, what="ordered handling under way")
+    leader = cluster.leader_of(vhost_of(cluster_url), "ledger.ordered.00")
+    cluster.nodes.kill(leader)
+    firing.join(120)
+    cluster.nodes.start()
+    wait_for(lambda: all_succeeded(records, fired), 180, what="every event handled")
+    extra = check_order(records, fired)
+    print(f"\nkilled the leader of ledger.ordered.00 (node {leader + 1}): 600 events in order, {extra} extra runs")
+    assert all(worker.is_running() for worker in workers)
     producer.close()
 
 
