@@ -29,7 +29,7 @@ from kombu import Connection, Queue
 
 from amqp_events.errors import ManagementError
 from amqp_events.management import ManagementAPI
-from amqp_events.topology import delays
+from amqp_events.topology import delays, ordered_exchange_name
 from amqp_events.topology.layout import Topology, heartbeats_listener
 
 if TYPE_CHECKING:
@@ -39,9 +39,11 @@ logger = logging.getLogger(__name__)
 
 
 def queue_kind(name: str, topology: Topology) -> str:
-    """``main``, ``delay``, ``archive`` or ``unroutable``."""
+    """``main``, ``partition`` (of the ordered handlers), ``delay``, ``archive`` or ``unroutable``."""
     if name == topology.archive.name:
         return "archive"
+    if name.startswith(f"{ordered_exchange_name(topology.service)}."):
+        return "partition"
     if name == delays.UNROUTABLE:
         return "unroutable"
     if name.startswith(f"{delays.PREFIX}.delay."):

@@ -53,3 +53,12 @@ def test_order_holds_when_a_worker_is_killed_and_the_broker_restarts(rabbitmq, w
     print(f"\n{sum(map(len, fired.values()))} events of {len(accounts)} accounts in order; {extra} extra runs")
     for producer in producers:
         producer.close()
+
+
+def test_the_topology_shows_the_partitions_and_the_check_finds_those_left_over(worker, cli, records, monkeypatch):
+    worker("ledger", env={"PARTITIONS": "4"})
+    shown = cli("topology", "show", app="services.ledger")
+    assert shown.exit_code == 0 and "ledger.ordered.00" in shown.output and "x-consistent-hash" in shown.output
+    monkeypatch.setenv("PARTITIONS", "2")  # an operator lowered amqp_events_partitions
+    check = cli("topology", "check", app="services.ledger")
+    assert "extra queue 'ledger.ordered.03'" in check.output and "extra queue 'ledger.ordered.01'" not in check.output

@@ -10,6 +10,7 @@ from amqp.exceptions import InvalidCommand, PreconditionFailed
 from amqp_events import events_app
 from amqp_events.asyncapi.document import document
 from amqp_events.errors import BadArguments, TopologyMismatch
+from amqp_events.exporter import queue_kind
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.topology import partition_queue_name
 from amqp_events.topology.declare import mismatch
@@ -122,3 +123,11 @@ def test_a_broker_without_the_consistent_hash_plugin_gets_the_command_that_enabl
     error = mismatch(refusal)
     assert isinstance(error, TopologyMismatch)
     assert "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange" in str(error)
+
+
+def test_the_exporter_labels_partitions_as_such(app):
+    @app.handler("accounts.money.moved", ordered_by="account")
+    def moved(account: str): ...
+
+    kinds = {queue.name: queue_kind(queue.name, app.topology) for queue in app.topology.queues}
+    assert kinds["ledger.ordered.02"] == "partition" and kinds["ledger.archive"] == "archive"

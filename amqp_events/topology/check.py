@@ -11,6 +11,7 @@ from amqp_events.management import ManagementAPI
 from amqp_events.topology import delays
 from amqp_events.topology.declare import no_delivery_limit_policy
 from amqp_events.topology.layout import DELIVERY_LIMIT, KEPT_AS_THEY_ARE, NO_DELIVERY_LIMIT, Topology
+from amqp_events.topology.names import ordered_exchange_name
 
 #: (source exchange, destination, "queue" or "exchange", routing key)
 BindingKey = tuple[str, str, str, str]
@@ -119,7 +120,8 @@ def differences(topology: Topology, live: LiveTopology, vhost: str = "/") -> lis
 
 
 def _belongs_to(queue: str, service: str) -> bool:
-    return queue.startswith(f"{service}:") or queue.startswith(f"{delays.PREFIX}.")
+    """Is ``queue`` one of the service's kind (an event queue, a partition) or of the shared delay ladder?"""
+    return queue.startswith((f"{service}:", f"{ordered_exchange_name(service)}.", f"{delays.PREFIX}."))
 
 
 def _exchange_mismatches(exchange: Exchange, current: dict[str, Any]) -> list[Difference]:
