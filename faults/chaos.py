@@ -6,6 +6,7 @@ import random
 import threading
 import time
 
+from amqp_events.errors import ManagementError
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.management import ManagementAPI
@@ -92,7 +93,11 @@ class StrandedDeadLetters:
 
     def look(self, management: ManagementAPI) -> None:
         now = time.monotonic()
-        held = {queue["name"]: queue for queue in management.queues(self.vhost) if queue.get("messages_dlx")}
+        try:
+            queues = management.queues(self.vhost)
+        except ManagementError:  # the node it asks is down or restarting (a partition healing): look again later
+            return
+        held = {queue["name"]: queue for queue in queues if queue.get("messages_dlx")}
         self.seen = {
             name: self.seen[name] if name in self.seen and self.seen[name][0] == queue["messages_dlx"]
             else (queue["messages_dlx"], now)
