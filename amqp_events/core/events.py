@@ -133,7 +133,7 @@ def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None, k
     is a field's name, or a callable given the instance.
     """
     payload = _payload_of(cls)
-    if isinstance(key, str) and key not in _field_names(cls):
+    if isinstance(key, str) and key not in field_names(cls):
         raise ValueError(f"event {name!r}: key={key!r} is not a field of {cls.__qualname__}")
 
     def key_of(instance: Any) -> Any:
@@ -175,7 +175,8 @@ def _payload_of(cls: type) -> Callable[[Any], dict[str, Any]]:
     raise TypeError(f"@app.event on a class needs a dataclass or a pydantic model, not {cls.__qualname__}")
 
 
-def _field_names(cls: type) -> set[str]:
+def field_names(cls: type) -> set[str]:
+    """The fields of a dataclass or pydantic model: an event's payload."""
     if dataclasses.is_dataclass(cls):
         return {field.name for field in dataclasses.fields(cls)}
     return set(getattr(cls, "model_fields", {}))

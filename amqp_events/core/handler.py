@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from amqp_events.core.events import field_names
 from amqp_events.errors import BadArguments
 from amqp_events.inbox.base import DedupStore, TransactionalInbox
 
@@ -117,10 +118,7 @@ class Handler:
 
     def _payload_names(self) -> set[str]:
         if self.event_class is not None:
-            fields = getattr(self.event_class, "__dataclass_fields__", None) or getattr(
-                self.event_class, "model_fields", {}
-            )
-            return set(fields)
+            return field_names(self.event_class)
         return set(list(self.signature.parameters)[int(self.inbox is not None) :])
 
     def _takes_a_handle(self) -> bool:
