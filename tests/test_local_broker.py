@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from amqp_events.local.broker import LocalBroker
 from amqp_events.local.processes import ephemeral_range, free_ports
 
 
@@ -65,3 +66,19 @@ def test_a_node_of_the_other_rabbitmq_line_starts_from_its_root_and_stops_withou
     finally:
         node.stop()
     assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.broker
+def test_a_node_whose_distribution_port_was_taken_meanwhile_starts_on_another(tmp_path):
+    node = LocalBroker(tmp_path / "node")
+    node.state = node._new_state()  # the ports as chosen; then another process binds the distribution port
+    taken = node.state.dist_port
+    with socket.socket() as squatter:
+        squatter.bind((node.state.host, taken))
+        squatter.listen()
+        node.start()
+        try:
+            assert node.state.dist_port != taken and node.is_running()
+            assert "dist_port_already_used" in (tmp_path / "node" / "server.out").read_text()
+        finally:
+            node.stop()

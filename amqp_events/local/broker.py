@@ -27,6 +27,8 @@ from amqp_events.management import ManagementAPI
 LOOPBACK = "127.0.0.1"
 #: The plugins a local node runs: the management API and Prometheus endpoint, and the consistent-hash exchange
 #: that spreads ordered handlers' events over their partitions (all ship with RabbitMQ).
+#: Starts of a node whose distribution port another process took in the meantime, before it gives up.
+DIST_PORT_ATTEMPTS = 3
 PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_consistent_hash_exchange")
 
 
@@ -122,14 +124,25 @@ class LocalBroker:
         self._write_config(state)
         if self.shared_epmd_port is None and not processes.alive(state.epmd_pid):  # kill() leaves the epmd up
             state.epmd_pid = self._spawn("epmd", ["-port", str(state.epmd_port)], state, "epmd.out")
-        state.server_pid = self._spawn("rabbitmq-server", [], state, "server.out")
-        self.state = state
-        self._save_state()
-        try:
-            self._wait_until_ready(timeout)
-        except BaseException:
-            self.stop()
-            raise
+        output = self.directory / "server.out"
+        for attempt in range(DIST_PORT_ATTEMPTS):
+            written = output.stat().st_size if output.exists() else 0
+            state.server_pid = self._spawn("rabbitmq-server", [], state, "server.out")
+            self.state = state
+            self._save_state()
+            try:
+                self._wait_until_ready(timeout)
+                return
+            except LocalServerError:
+                if attempt + 1 == DIST_PORT_ATTEMPTS or not self._dist_port_taken(written):
+                    self.stop()
+                    raise
+                # Another process bound the distribution port after it was chosen: the node's name and its
+                # other ports stay (a cluster knows the node by name), the distribution port is chosen again.
+                state.dist_port = processes.free_ports(1)[0]
+            except BaseException:
+                self.stop()
+                raise
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the node gracefully (SIGKILL after ``timeout``) and the epmd it started."""
@@ -176,6 +189,13 @@ class LocalBroker:
             return 0
 
     # -- internals --------------------------------------------------------
+
+    def _dist_port_taken(self, since: int) -> bool:
+        """Did the node stop at start-up because its distribution port was in use (what it wrote after the
+        first ``since`` bytes of its output says so)?"""
+        with (self.directory / "server.out").open("rb") as output:
+            output.seek(since)
+            return b"dist_port_already_used" in output.read()
 
     def _new_state(self) -> NodeState:
         amqp_port, dist_port, epmd_port, management_port, prometheus_port = processes.free_ports(5)
