@@ -112,6 +112,13 @@ class LocalCluster:
             argv, environment = rabbitmq.command("epmd", ["-port", str(self.epmd_port)], os.environ)
             self.epmd_pid = processes.spawn(argv, environment, self.directory, self.directory / "epmd.out")
         self._save()
+        try:
+            self._start_nodes(timeout)
+        except BaseException:
+            self.stop()  # no node left running that nobody will stop
+            raise
+
+    def _start_nodes(self, timeout: float) -> None:
         first, others = self.nodes[0], self.nodes[1:]
         first.start(timeout)
         with ThreadPoolExecutor(len(others) or 1) as pool:
