@@ -21,6 +21,7 @@ from kombu.utils.imports import symbol_by_name
 
 from amqp_events.celery import ordered
 from amqp_events.celery.received import Archiver, admit
+from amqp_events.celery.running import run_here
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.outcome import Redeliver
 from amqp_events.errors import NotModelled
@@ -95,7 +96,7 @@ class InlineWorker:
         if ordered.key_of(self.app, task.handler, message, delivery, ack, reject) is None:
             return
         try:
-            outcome = ordered.run(self.app, task, delivery, info, self.hostname)
+            outcome = run_here(self.app, task, delivery, info, self.hostname)
         except Reject as exc:
             message.reject(exc.requeue)
             return

@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from celery._state import _task_stack
-from celery.app.task import Context
 from celery.concurrency.solo import TaskPool as SoloPool
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Reject
 
+from amqp_events.celery.running import run_here
 from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.outcome import Redeliver
@@ -148,7 +147,7 @@ class OrderedRunner:
     def run_one(self, held: Held) -> Held | None:
         """Run one message; returns the next one of its key to run now, if any."""
         try:
-            outcome = run(self.app, held.task, held.delivery, held.message.delivery_info, self.consumer.hostname)
+            outcome = run_here(self.app, held.task, held.delivery, held.message.delivery_info, self.consumer.hostname)
         except Reject as exc:  # the handler rejected its message itself: it gives up its place
             held.reject(logger, self.errors, exc.requeue)
             return None if held.generation != self.generation else self.lanes.finish(held.key)
@@ -227,34 +226,6 @@ def key_of(
         return None
     ack(logger, errors)
     return None
-
-
-def run(app: Any, task: Any, delivery: Delivery, delivery_info: Any, hostname: str) -> Any:
-    """Run an ordered handler's message through the handling pipeline; returns its outcome (a ``Redeliver``
-    is its retry, not published: the caller holds the message). ``None``: the handler raised Celery's
-    ``Ignore`` itself."""
-    handler = task.handler
-    _task_stack.push(task)
-    if handler.takes_self:  # ``self.request`` of a bound handler
-        request = Context(
-            dict(delivery.headers),
-            args=delivery.args,
-            kwargs=delivery.kwargs,
-            is_eager=False,
-            delivery_info=delivery_info,
-            hostname=hostname,
-            called_directly=False,
-        )
-        task.request_stack.push(request)
-    try:
-        outcome, _ = handling.handle(app.context, handler, delivery, task.run)
-        return outcome
-    except (Ignore, Retry):
-        return None
-    finally:
-        if handler.takes_self:
-            task.request_stack.pop()
-        _task_stack.pop()
 
 
 def retried(held_delivery: Delivery, retry: Redeliver) -> Delivery:

@@ -28,15 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import signals
-from celery._state import _task_stack
-from celery.app.task import Context
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.concurrency.thread import TaskPool as ThreadsPool
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Reject
 from celery.worker.strategy import default
 
 from amqp_events.celery.ordered import ordered_strategy
-from amqp_events.core import handling
+from amqp_events.celery.running import run_here
 from amqp_events.core.delivery import Delivery
 
 logger = logging.getLogger(__name__)
@@ -89,33 +87,21 @@ def handler_of(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], 
     """Handle one message of ``task`` through the pipeline, then ack or reject it with its promises."""
     handler = task.handler
     errors = consumer.connection_errors  # what the ack and reject promises log rather than raise
-    request_context = Context if handler.takes_self else None  # ``self.request`` of a bound handler
 
     def handle(message: Any, ack: Any, reject: Any) -> None:
-        headers = message.headers
         args, kwargs, _ = message.decode()  # decoded once, when the consumer admitted it
         info = message.delivery_info
         exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
-        delivery = Delivery(headers, handler.queue, exchange, routing_key, args, kwargs)
-        _task_stack.push(task)
-        if request_context is not None:
-            context = {"delivery_info": info, "hostname": consumer.hostname, "called_directly": False}
-            task.request_stack.push(request_context(headers, args=args, kwargs=kwargs, is_eager=False, **context))
+        delivery = Delivery(message.headers, handler.queue, exchange, routing_key, args, kwargs)
         try:
-            handling.handle(app.context, handler, delivery, task.run)
+            run_here(app, task, delivery, info, consumer.hostname)
         except Reject as exc:  # the handler rejected its message itself
             reject(logger, errors, exc.requeue)
             return
-        except (Ignore, Retry):
-            pass
         except Exception:  # settling failed (the broker went away): it comes back, counted as a failed attempt
-            logger.exception("could not settle %s[%s]", task.name, headers.get("id"))
+            logger.exception("could not settle %s[%s]", task.name, message.headers.get("id"))
             reject(logger, errors, False)
             return
-        finally:
-            if request_context is not None:
-                task.request_stack.pop()
-            _task_stack.pop()
         ack(logger, errors)
 
     return handle
