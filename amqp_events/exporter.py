@@ -31,6 +31,7 @@ from amqp_events.errors import ManagementError
 from amqp_events.management import ManagementAPI
 from amqp_events.topology import delays, ordered_exchange_name
 from amqp_events.topology.layout import Topology, heartbeats_listener
+from amqp_events.topology.names import is_parked_queue
 
 if TYPE_CHECKING:
     from amqp_events.celery import EventsApp
@@ -39,9 +40,12 @@ logger = logging.getLogger(__name__)
 
 
 def queue_kind(name: str, topology: Topology) -> str:
-    """``main``, ``partition`` (of the ordered handlers), ``delay``, ``archive`` or ``unroutable``."""
+    """``main``, ``partition`` (of the ordered handlers), ``parked`` (a partition's parked events), ``delay``,
+    ``archive`` or ``unroutable``."""
     if name == topology.archive.name:
         return "archive"
+    if is_parked_queue(name, topology.service):
+        return "parked"
     if name.startswith(f"{ordered_exchange_name(topology.service)}."):
         return "partition"
     if name == delays.UNROUTABLE:

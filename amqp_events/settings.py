@@ -10,6 +10,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+#: An event key falls into one of this many slots (:func:`amqp_events.topology.names.slot_of`).
+KEY_SLOTS = 64
+
 #: Celery settings ``events_app`` applies before the caller's own (SPEC "safe defaults").
 CELERY_DEFAULTS: dict[str, Any] = {
     "task_acks_late": True,
@@ -108,8 +111,8 @@ class Settings:
     #: How this service fires events: "celery" (Celery's task message, the default) or "cloudevents"
     #: (CloudEvents binary mode, ``ce-`` headers: for consumers in other languages). Workers read both.
     wire_format: str = "celery"
-    #: Queues a service's ordered handlers (``ordered_by``) share; keys are spread over them by a consistent
-    #: hash, and each is consumed by one worker at a time. Changing it moves keys between queues.
+    #: Queues a service's ordered handlers (``ordered_by``) share, each consumed by one worker at a time; keys
+    #: fall into :data:`KEY_SLOTS` slots, shared out over them. Changing it moves keys between queues.
     partitions: int = 8
 
     def __post_init__(self) -> None:
@@ -138,8 +141,8 @@ class Settings:
             problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if self.wire_format not in ("celery", "cloudevents"):
             problems.append(f"wire_format must be 'celery' or 'cloudevents', not {self.wire_format!r}")
-        if not 1 <= self.partitions <= 99:
-            problems.append(f"partitions must be between 1 and 99, not {self.partitions}")
+        if not 1 <= self.partitions <= KEY_SLOTS:
+            problems.append(f"partitions must be between 1 and {KEY_SLOTS} (the key slots), not {self.partitions}")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 

@@ -12,15 +12,24 @@ EVENTS = ("accounts.account.opened", "accounts.money.moved")
 
 
 def fire_sequences(
-    producer, accounts: list[str], per_account: int, failing: float, rng: random.Random, fired: dict | None = None
+    producer,
+    accounts: list[str],
+    per_account: int,
+    failing: float,
+    rng: random.Random,
+    fired: dict | None = None,
+    poison: frozenset[tuple[str, int]] = frozenset(),
 ) -> dict[str, list[int]]:
     """Fire ``per_account`` events for each account, interleaved across accounts, alternating the two event
-    names; ``failing`` of them fail once. Records in ``fired`` each account's sequence numbers in the order
-    fired (confirmed); an event whose fire raised is fired again under the same id, before the next."""
+    names; ``failing`` of them fail once, those in ``poison`` (account, seq) until the fix is deployed.
+    Records in ``fired`` each account's sequence numbers in the order fired (confirmed); an event whose fire
+    raised is fired again under the same id, before the next."""
     fired = defaultdict(list) if fired is None else fired
     plan = [(account, seq) for seq in range(per_account) for account in accounts]
     for account, seq in plan:
         how = {"fail_times": 1} if rng.random() < failing else {}
+        if (account, seq) in poison:
+            how = {"permanent": True}
         event_id = None
         while True:
             try:

@@ -27,6 +27,7 @@ from amqp_events import EventsApp, Reason, events_app
 from amqp_events.archive import Archive, ArchivedMessage
 from amqp_events.testing import wait_for
 from amqp_events.testing.in_process import InProcess, in_process
+from amqp_events.topology import parked_queue_name
 from amqp_events.wire.message import JSON, OutgoingMessage
 
 
@@ -427,3 +428,62 @@ def test_an_accounts_events_are_handled_in_order_through_its_retries(mode, recor
     first, second, third = (run for run in runs if run["account"] == "a-1" and run["seq"] == 0)
     mode.assert_waited(second["time"] - first["time"], 1)  # the backoff, held in place
     mode.assert_waited(third["time"] - second["time"], 2)
+
+
+def fire_accounts(mode: Mode, event: str, sequences: dict[str, list[dict[str, Any]]]) -> None:
+    """Fire each account's events (seq 0, 1, ... with the ``how`` given), interleaved."""
+    for seq, hows in enumerate(itertools.zip_longest(*sequences.values())):
+        for account, how in zip(sequences, hows, strict=True):
+            if how is not None:
+                mode.producer.fire(event, kwargs={"account": account, "seq": seq, "how": how}, key=account)
+
+
+def handled(records: Records, account: str) -> list[int]:
+    return [run["seq"] for run in records.all(account=account) if run["ok"]]
+
+
+def parked(mode: Mode, service: str = "ledger", partitions: int = 4) -> int:
+    """Messages in the service's parked queues: a marker per parked key, and the events behind it."""
+    return sum(mode.producer.transport.count(parked_queue_name(service, n)) for n in range(partitions))
+
+
+def test_an_archived_event_parks_the_later_ones_of_its_key_until_it_is_replayed(mode, records):
+    mode.start("ledger")
+    fire_accounts(mode, "accounts.money.moved", {"a-1": [{}, {"permanent": True}, {}, {}], "b-2": [{}, {}]})
+    [head] = archived_in(mode, "ledger", 1)
+    assert (head.headers["parks_key"], head.headers["event_key"]) == ("a-1", "a-1")
+    mode.until(lambda: parked(mode) == 3)  # its marker, and a-1's 2 and 3
+    mode.producer.fire("accounts.account.opened", kwargs={"account": "a-1", "seq": 4}, key="a-1")  # waits too
+    mode.until(lambda: parked(mode) == 4)
+    mode.until(lambda: len(handled(records, "b-2")) == 2)
+    assert (handled(records, "a-1"), handled(records, "b-2")) == ([0], [0, 1])
+
+    mode.deploy_fix("ledger")
+    assert mode.archive("ledger").replay().replayed == [head.id]
+    mode.until(lambda: len(handled(records, "a-1")) == 5)
+    mode.producer.fire("accounts.money.moved", kwargs={"account": "a-1", "seq": 5}, key="a-1")  # the key goes on
+    mode.until(lambda: len(handled(records, "a-1")) == 6)
+    assert handled(records, "a-1") == [0, 1, 2, 3, 4, 5]
+    assert mode.archive("ledger").list() == []
+    assert parked(mode) == 0
+
+
+def test_discarding_the_head_of_a_parked_key_lets_the_later_events_go_on(mode, records):
+    mode.start("ledger")
+    fire_accounts(mode, "accounts.money.moved", {"a-1": [{"permanent": True}, {}, {}]})
+    [head] = archived_in(mode, "ledger", 1)
+    mode.until(lambda: parked(mode) == 3)
+    assert handled(records, "a-1") == []
+    assert mode.archive("ledger").purge() == [head.id]
+    mode.until(lambda: len(handled(records, "a-1")) == 2)
+    assert handled(records, "a-1") == [1, 2]
+    mode.until(lambda: parked(mode) == 0)
+
+
+def test_a_handler_that_skips_lets_the_later_events_of_a_key_go_on_past_an_archived_one(mode, records):
+    mode.start("ledger")
+    fire_accounts(mode, "accounts.note.added", {"a-1": [{}, {"permanent": True}, {}]})
+    [archived] = archived_in(mode, "ledger", 1)
+    mode.until(lambda: len(handled(records, "a-1")) == 2)
+    assert handled(records, "a-1") == [0, 2]
+    assert "parks_key" not in archived.headers

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import zlib
 
 import pytest
-from amqp.exceptions import InvalidCommand, PreconditionFailed
+from kombu import Queue
 
 from amqp_events import events_app
 from amqp_events.asyncapi.document import document
-from amqp_events.errors import BadArguments, TopologyMismatch
+from amqp_events.errors import BadArguments
 from amqp_events.exporter import queue_kind
 from amqp_events.ordering.lanes import Lanes
+from amqp_events.ordering.sequences import Action, Sequence, decide
 from amqp_events.topology import partition_queue_name
-from amqp_events.topology.declare import mismatch
-from amqp_events.topology.names import is_ordered_exchange
+from amqp_events.topology.layout import Binding
+from amqp_events.topology.names import is_ordered_exchange, slot_of
+from amqp_events.wire.message import copy_headers
+from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
 
 
 def test_a_key_s_items_run_one_at_a_time_in_order_and_other_keys_alongside():
@@ -83,14 +87,27 @@ def test_ordered_events_share_the_service_s_partitions_instead_of_a_queue_each(a
 
     topology = app.topology
     consumed = [queue.name for queue in topology.event_queues]
-    assert consumed == ["ledger:reports.day.ended", "ledger.ordered.00", "ledger.ordered.01", "ledger.ordered.02"]
+    assert consumed == [
+        "ledger:reports.day.ended",
+        "ledger.ordered.intake",
+        *(partition_queue_name("ledger", n) for n in range(3)),
+    ]
     [ordered] = [exchange for exchange in topology.exchanges if exchange.name == "ledger.ordered"]
-    assert (ordered.type, ordered.arguments) == ("x-consistent-hash", {"hash-header": "event_key"})
-    partition = topology.queue(partition_queue_name("ledger", 1))
-    assert partition.queue_arguments["x-single-active-consumer"] is True
+    assert (ordered.type, ordered.arguments) == ("headers", {"alternate-exchange": "ledger.ordered.intake"})
+    for name in consumed[1:]:
+        assert topology.queue(name).queue_arguments["x-single-active-consumer"] is True
     routed = {(b.source.name, b.routing_key) for b in topology.bindings if b.destination.name == "ledger.ordered"}
     assert ("events", "accounts.money.moved") in routed and ("events", "accounts.account.opened") in routed
     assert ("events", "reports.day.ended") not in routed
+    slots: dict[str, list[str]] = {}
+    for binding in slot_bindings(topology):
+        assert binding.arguments == {"x-match": "all", "event_slot": binding.routing_key}
+        slots.setdefault(binding.destination.name, []).append(binding.routing_key)
+    assert sorted(int(slot) for names in slots.values() for slot in names) == list(range(64))  # each slot once
+    assert slots["ledger.ordered.01"] == [str(slot) for slot in range(1, 64, 3)]
+    parked = [queue.name for queue in topology.queues if queue.name.endswith(".parked")]
+    assert parked == ["ledger.ordered.00.parked", "ledger.ordered.01.parked", "ledger.ordered.02.parked"]
+    assert "x-dead-letter-exchange" not in topology.queue(parked[0]).queue_arguments  # nothing leaves it but by us
 
 
 @pytest.mark.parametrize(("name", "ordered"), [("ledger.ordered", True), ("events", False), ("a.b.ordered", False)])
@@ -112,17 +129,22 @@ def test_the_asyncapi_document_describes_each_ordered_event_s_way_to_its_partiti
         assert described["operations"][f"handle.{event}"]["channel"] == {"$ref": f"#/channels/ledger.ordered:{event}"}
 
 
-@pytest.mark.parametrize(
-    "refusal",
-    [
-        InvalidCommand("COMMAND_INVALID - unknown exchange type 'x-consistent-hash'", reply_code=503),  # 3.x
-        PreconditionFailed("PRECONDITION_FAILED - unknown exchange type 'x-consistent-hash'", reply_code=406),  # 4.x
-    ],
-)
-def test_a_broker_without_the_consistent_hash_plugin_gets_the_command_that_enables_it(refusal):
-    error = mismatch(refusal)
-    assert isinstance(error, TopologyMismatch)
-    assert "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange" in str(error)
+def test_a_key_s_slot_is_its_crc32_modulo_64_as_any_language_computes_it():
+    assert slot_of("123456789") == "38"  # CRC-32's check value 0xCBF43926: its low six bits
+    assert slot_of("é") == str(zlib.crc32("é".encode()) % 64)  # of the UTF-8 bytes
+    assert {slot_of(f"acct-{n}") for n in range(2000)} == {str(slot) for slot in range(64)}
+
+
+def slot_bindings(topology):
+    """Every binding of the ordered exchange to a queue, each queue's own first one included."""
+    own = [
+        Binding(queue.exchange, queue, queue.routing_key, queue.binding_arguments)
+        for queue in topology.queues
+        if queue.exchange is not None and queue.exchange.name == "ledger.ordered"
+    ]
+    return own + [
+        b for b in topology.bindings if b.source.name == "ledger.ordered" and isinstance(b.destination, Queue)
+    ]
 
 
 def test_the_exporter_labels_partitions_as_such(app):
@@ -131,3 +153,52 @@ def test_the_exporter_labels_partitions_as_such(app):
 
     kinds = {queue.name: queue_kind(queue.name, app.topology) for queue in app.topology.queues}
     assert kinds["ledger.ordered.02"] == "partition" and kinds["ledger.archive"] == "archive"
+    assert kinds["ledger.ordered.02.parked"] == "parked"  # no consumer: not a partition
+
+
+HEAD = "e-1"
+
+
+@pytest.mark.parametrize(
+    ("sequence", "event_id", "headers", "action"),
+    [
+        (None, "e-2", {}, Action.RUN),  # a key not parked
+        (Sequence(HEAD), "e-2", {}, Action.PARK),  # a later event of a parked key
+        (Sequence(HEAD), HEAD, {}, Action.RUN_HEAD),  # the head, replayed
+        (Sequence(HEAD), "e-9", {"replay_of": HEAD}, Action.RUN_HEAD),  # replayed under a new id
+        (Sequence(HEAD), "e-2", {RELEASED_BEHIND: HEAD}, Action.RUN),  # released behind this head
+        (Sequence(HEAD), "e-3", {RELEASED_BEHIND: HEAD, RELEASED_LAST: True}, Action.RUN_LAST),
+        (Sequence("e-2"), "e-3", {RELEASED_BEHIND: HEAD}, Action.PARK),  # a released one failed: behind it now
+        (None, "e-3", {RELEASED_BEHIND: HEAD, RELEASED_LAST: True}, Action.RUN_LAST),  # released twice (a crash)
+        (Sequence(HEAD), HEAD, {RELEASE_PARKED: HEAD}, Action.RELEASE),  # the head was discarded
+        (Sequence("e-2"), HEAD, {RELEASE_PARKED: HEAD}, Action.DROP),  # ... but the key waits for another
+        (None, HEAD, {RELEASE_PARKED: HEAD}, Action.DROP),
+    ],
+)
+def test_a_parked_key_s_messages_wait_unless_they_are_its_head_or_released_behind_it(
+    sequence, event_id, headers, action
+):
+    assert decide(sequence, event_id, headers) is action
+
+
+def test_an_ordered_handler_parks_by_default_and_may_skip_instead(app):
+    @app.handler("accounts.money.moved", ordered_by="account")
+    def moved(account: str): ...
+
+    @app.handler("accounts.note.added", ordered_by="account", on_archive="skip")
+    def noted(account: str): ...
+
+    @app.handler("reports.day.ended")
+    def day_ended(day: str): ...
+
+    parks = {event: handler.parks for event, handler in app.handlers.items()}
+    assert parks == {"accounts.money.moved": True, "accounts.note.added": False, "reports.day.ended": False}
+    with pytest.raises(TypeError, match="on_archive='drop' is not one of park, skip"):
+
+        @app.handler("accounts.account.closed", ordered_by="account", on_archive="drop")  # type: ignore[arg-type]
+        def closed(account: str): ...
+
+
+def test_parking_headers_belong_to_one_copy_of_a_message():
+    headers = {"id": HEAD, "event_key": "a-1", RELEASED_BEHIND: "e-0", RELEASED_LAST: True, PARKS_KEY: "a-1"}
+    assert copy_headers(headers, retries=1) == {"id": HEAD, "event_key": "a-1", "retries": 1}

@@ -19,7 +19,7 @@ import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO
 
 from amqp_events.core.context import Replay, ServiceContext
@@ -27,6 +27,7 @@ from amqp_events.core.settle import publish_routed
 from amqp_events.topology import archive_queue_name
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import OutgoingMessage, copy_headers
+from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,15 @@ class Archive:
         return routed
 
     def purge(self, selection: Selection = EVERYTHING) -> builtins.list[str]:
-        """Delete matching messages for good; returns their ids."""
+        """Delete matching messages for good; returns their ids.
+
+        The events of an ordered handler parked behind a purged one go on.
+        """
         purged = []
         with self._browse() as messages:
             for archived, remove in _take(messages, selection):
+                if PARKS_KEY in archived.headers:  # the events parked behind it go on
+                    publish_routed(self.context, release_command(archived))
                 remove()
                 purged.append(archived.id)
         return purged
@@ -209,6 +215,12 @@ def replay_message(archived: ArchivedMessage, new_id: bool = False) -> OutgoingM
         content_type=archived.content_type or "application/octet-stream",
         content_encoding=archived.content_encoding or "binary",
     )
+
+
+def release_command(archived: ArchivedMessage) -> OutgoingMessage:
+    """What discarding the head of a parked sequence sends its partition: release the events behind it."""
+    message = replay_message(archived)
+    return replace(message, headers={**message.headers, RELEASE_PARKED: archived.id})
 
 
 def _take(

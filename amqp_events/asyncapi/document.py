@@ -24,7 +24,8 @@ from amqp_events.asyncapi.schemas import payload_schema
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.events import Event
 from amqp_events.topology import delays
-from amqp_events.wire.message import DUE_AT, EVENT_KEY, FIRED_AT, FIRED_BY
+from amqp_events.topology.names import SLOTS
+from amqp_events.wire.message import DUE_AT, EVENT_KEY, EVENT_SLOT, FIRED_AT, FIRED_BY
 
 VERSION = "3.0.0"
 #: The version of the AsyncAPI AMQP bindings used.
@@ -137,10 +138,12 @@ def _ordered_channel(service: str, name: str, exchange: str, vhost: str, partiti
     return {
         "address": exchange,
         "title": f"{name} handled in order per key by {service}",
-        "description": f"The events exchange sends {name} on to {exchange}, a consistent-hash exchange that puts "
-        f"every event of one key (its {EVENT_KEY} header) into the same one of {partitions} partitions, "
-        f"{exchange}.00 and on: quorum queues with a single active consumer each. Retries wait in the worker, "
-        f"in place; messages that run out of retries go to {service}.archive.",
+        "description": f"The events exchange sends {name} on to {exchange}, a headers exchange that puts every "
+        f"event of one key into the same one of {partitions} partitions, {exchange}.00 and on (quorum queues "
+        f"with a single active consumer each), by its key's slot: the {EVENT_SLOT} header, the CRC-32 of the "
+        f"key ({EVENT_KEY}) modulo {SLOTS}. An event without it goes to {exchange}.intake, where a worker adds "
+        "it. Retries wait in the worker, in place; an event that runs out of retries goes to "
+        f"{service}.archive, and the later events of its key wait until it is replayed or discarded.",
         "messages": _references(name),
         "bindings": {
             "amqp": {
@@ -200,6 +203,12 @@ def _messages(name: str, key: str | None = None) -> dict[str, Any]:
                 "retries": {"type": "integer", "minimum": 0},
                 DUE_AT: {"type": "string", "format": "date-time", "description": "a delayed copy's due time"},
                 EVENT_KEY: key_header,
+                EVENT_SLOT: {
+                    "type": "string",
+                    "pattern": "^[0-9]{1,2}$",
+                    "description": f"with a key: the CRC-32 of its UTF-8 bytes modulo {SLOTS}, in decimal (optional: "
+                    "without it, an ordered handler's worker works it out, for one more trip through the broker)",
+                },
             },
             "required": ["task", "id", *([EVENT_KEY] if key else [])],
         },

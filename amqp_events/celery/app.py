@@ -14,7 +14,7 @@ from datetime import datetime
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from amqp_events.archive import Archive
 from amqp_events.breakers.breaker import BreakerPolicy
@@ -293,6 +293,7 @@ class EventsApp(EventsCelery):
         breaker: BreakerPolicy | dict[str, Any] | bool | None = None,
         requires: tuple[str, ...] | list[str] = (),
         ordered_by: str | Callable[..., Any] | None = None,
+        on_archive: Literal["park", "skip"] = "park",
         **task_options: Any,
     ) -> Callable[[T], T]:
         """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
@@ -312,7 +313,10 @@ class EventsApp(EventsCelery):
         while unhealthy. ``ordered_by`` (the name of the event's argument that
         holds its key, or a callable given the arguments) handles the events of
         one key one at a time, in the order the broker accepted them, through
-        retries and crashes (README, "Ordered handling"). Other keyword
+        retries and crashes (README, "Ordered handling"); when one of its
+        events is archived, ``on_archive`` says whether the later events of
+        its key wait for it to be replayed or discarded (``park``) or go on
+        (``skip``). Other keyword
         arguments are Celery task options. Returns the decorated object.
         """
         given = {
@@ -329,6 +333,7 @@ class EventsApp(EventsCelery):
             "breaker": breaker,
             "requires": requires,
             "ordered_by": ordered_by,
+            "on_archive": on_archive,
             **task_options,
         }
         return HandlerDecorator(self, event, bind, options)

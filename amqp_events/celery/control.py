@@ -1,5 +1,5 @@
-"""Remote control of an events app's workers (``amqp-events breakers open|close``), as a Celery control
-command, registered when an app is made (:func:`register`).
+"""Remote control of an events app's workers (``amqp-events breakers open|close``, ``archive parked``), as
+Celery control commands, registered when an app is made (:func:`register`).
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_breakers.py).
 """
@@ -13,15 +13,33 @@ from celery.worker.control import Panel, control_command
 from amqp_events.celery.steps import breakers_of
 
 COMMAND = "amqp_events_breaker"
+PARKED = "amqp_events_parked"
 
 
 def register() -> None:
-    """Make the command known to the workers of this process (Celery keeps one table per process)."""
+    """Make the commands known to the workers of this process (Celery keeps one table per process)."""
     if COMMAND not in Panel.data:
         control_command(
             args=[("service", str), ("handler", str), ("action", str)],
             signature="<service> <handler> <open|close>",
         )(amqp_events_breaker)
+    if PARKED not in Panel.data:
+        control_command(args=[("service", str)], signature="<service>")(amqp_events_parked)
+
+
+def amqp_events_parked(state: Any, service: str) -> dict[str, Any]:
+    """The parked keys of the partitions this worker consumes (those it read since it connected)."""
+    runner = getattr(state.consumer, "ordered_runner", None)
+    if getattr(state.consumer.app, "service", None) != service or runner is None:
+        return {"service": getattr(state.consumer.app, "service", None), "partitions": {}}
+    parked = runner.parking.parked()
+    return {
+        "service": service,
+        "partitions": {
+            partition: {key: {"head": sequence.head, "waiting": sequence.parked} for key, sequence in keys.items()}
+            for partition, keys in parked.items()
+        },
+    }
 
 
 def amqp_events_breaker(state: Any, service: str, handler: str, action: str) -> dict[str, Any]:

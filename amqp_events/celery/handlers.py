@@ -91,6 +91,7 @@ class HandlerDecorator:
             breaker=options.pop("breaker"),
             requires=tuple(options.pop("requires")),
             ordered_by=options.pop("ordered_by"),
+            on_archive=options.pop("on_archive", "park"),
         )
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options
         if isinstance(target, type) and issubclass(target, Task):

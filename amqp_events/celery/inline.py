@@ -23,8 +23,9 @@ from amqp_events.celery import ordered
 from amqp_events.celery.received import Archiver, admit
 from amqp_events.celery.running import run_here
 from amqp_events.core.delivery import Delivery
-from amqp_events.core.outcome import Redeliver
+from amqp_events.core.outcome import Redeliver, SendToArchive
 from amqp_events.errors import NotModelled
+from amqp_events.ordering.parking import Parking
 
 
 class InlineWorker:
@@ -36,6 +37,7 @@ class InlineWorker:
         self.pool = InlinePool(app)
         self.accept = prepare_accept_content(app.conf.accept_content)
         self.archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
+        self.parking = Parking(lambda: app.context)
 
     def run(
         self,
@@ -93,17 +95,24 @@ class InlineWorker:
         def reject(_: Any, __: Any, requeue: bool) -> None:
             message.reject(requeue)
 
-        if ordered.key_of(self.app, task.handler, message, delivery, ack, reject) is None:
+        key = ordered.key_of(self.app, task.handler, message, delivery, ack, reject)
+        if key is None:
+            return
+        partition, parking = channel.queue, self.parking
+        action = parking.admit(partition, key, delivery.event_id, message.headers)
+        if not ordered.takes_part(action, parking, partition, key, message):
+            message.ack()
             return
         try:
             outcome = run_here(self.app, task, delivery, info, self.hostname)
         except Reject as exc:
             message.reject(exc.requeue)
             return
-        if isinstance(outcome, Redeliver):
-            channel.hold(outcome)
-        else:
-            message.ack()
+        if isinstance(outcome, Redeliver):  # it comes again, as what it was admitted as
+            channel.hold(ordered.keeping_marks(outcome, message.headers))
+            return
+        parking.ran(partition, key, delivery.event_id, action, isinstance(outcome, SendToArchive), task.handler.parks)
+        message.ack()
 
 
 class InlinePool:

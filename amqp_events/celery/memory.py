@@ -16,8 +16,8 @@ objects a worker declares (:mod:`amqp_events.topology`):
   ``-routing-key``) of expired and rejected messages, with ``x-death``;
 * consuming with acks and rejects; a requeued message goes back to the head
   of its queue with ``x-delivery-count`` counted up (quorum queues);
-* the consistent-hash exchange of ordered handlers: one key (its hash header),
-  one queue; and a message *held* unacked by its consumer until a time, the
+* headers exchanges (``x-match: all``), as the ordered exchanges route by
+  slot; and a message *held* unacked by its consumer until a time, the
   later messages of its key in that queue not given out before it
   (:meth:`MemoryBroker.hold`, the ordered handlers' retries).
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -103,6 +102,8 @@ class Route:
     key: str
     pattern: Any
     destination: tuple[bool, str]  # (to_exchange, name)
+    #: What a headers exchange's binding matches.
+    arguments: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 class AmqpTopicExchange(TopicExchange):
@@ -119,12 +120,8 @@ class MemoryBroker:
         self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}
         self.queues: dict[str, MemoryQueue] = {}
         self.routes: dict[str, list[Route]] = {}
-        # A consistent-hash exchange binds like a direct one; it routes by key (:meth:`_route`).
-        types: dict[str, Any] = {
-            **STANDARD_EXCHANGE_TYPES,
-            "topic": AmqpTopicExchange,
-            "x-consistent-hash": DirectExchange,
-        }
+        # A headers exchange binds like a direct one; it routes by the headers its bindings match (:meth:`_route`).
+        types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange, "headers": DirectExchange}
         self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
         self._seq = itertools.count(1)
 
@@ -139,21 +136,28 @@ class MemoryBroker:
                 queue.name, MemoryQueue(queue.name, dict(getattr(queue, "queue_arguments", None) or {}))
             )
             if queue.exchange is not None and queue.exchange.name:
-                self._bind(queue.exchange.name, queue.routing_key, (False, queue.name))
+                self._bind(
+                    queue.exchange.name,
+                    queue.routing_key,
+                    (False, queue.name),
+                    getattr(queue, "binding_arguments", None),
+                )
         for binding in topology.bindings:
             destination = binding.destination
             to_exchange = isinstance(destination, Exchange)
-            self._bind(binding.source.name, binding.routing_key, (to_exchange, destination.name))
+            self._bind(binding.source.name, binding.routing_key, (to_exchange, destination.name), binding.arguments)
 
     def declare_exchange(self, exchange: Exchange) -> None:
         self.exchanges.setdefault(exchange.name, (exchange.type, dict(getattr(exchange, "arguments", None) or {})))
 
-    def _bind(self, exchange: str, routing_key: str, destination: tuple[bool, str]) -> None:
+    def _bind(
+        self, exchange: str, routing_key: str, destination: tuple[bool, str], arguments: dict[str, Any] | None = None
+    ) -> None:
         kind = self._types[self.exchanges[exchange][0]]
         key, pattern, _ = kind.prepare_bind(destination, exchange, routing_key, None)
         routes = self.routes.setdefault(exchange, [])
         if not any(route.key == key and route.destination == destination for route in routes):
-            routes.append(Route(key, pattern, destination))
+            routes.append(Route(key, pattern, destination, dict(arguments or {})))
 
     # -- publishing ---------------------------------------------------------------------------------
 
@@ -173,11 +177,14 @@ class MemoryBroker:
         if exchange not in self.exchanges:
             raise NotFound(f"NOT_FOUND - no exchange '{exchange}' in vhost", reply_code=404)
         kind, arguments = self.exchanges[exchange]
-        if kind == "x-consistent-hash":
-            return self._by_hash(exchange, headers.get(arguments.get("hash-header", "")))
-        table = [(route.key, route.pattern, route.destination) for route in self.routes.get(exchange, [])]
+        routes = self.routes.get(exchange, [])
+        if kind == "headers":
+            found = [route.destination for route in routes if _all_match(route.arguments, headers)]
+        else:
+            table = [(route.key, route.pattern, route.destination) for route in routes]
+            found = self._types[kind].lookup(table, exchange, routing_key, None)
         queues: set[str] = set()
-        for to_exchange, name in self._types[kind].lookup(table, exchange, routing_key, None):
+        for to_exchange, name in found:
             if not to_exchange:
                 queues.add(name)
             elif name not in seen and name in self.exchanges:
@@ -186,14 +193,6 @@ class MemoryBroker:
         if not queues and alternate and alternate not in seen:
             queues = self._route(alternate, routing_key, seen | {exchange}, headers)
         return queues
-
-    def _by_hash(self, exchange: str, key: Any) -> set[str]:
-        """One of the exchange's queues for ``key``, always the same (without a key: the first, as RabbitMQ
-        routes a message without the hash header to one queue)."""
-        queues = sorted({name for route in self.routes.get(exchange, []) for to_exchange, name in [route.destination]})
-        if not queues:
-            return set()
-        return {queues[zlib.crc32(str(key).encode()) % len(queues)] if key is not None else queues[0]}
 
     def _refuses(self, queue: MemoryQueue) -> bool:
         limit = queue.arguments.get("x-max-length")
@@ -296,6 +295,11 @@ class MemoryBroker:
         if queue not in self.queues:
             raise NotFound(f"NOT_FOUND - no queue '{queue}' in vhost", reply_code=404)
         return len(self.queues[queue].messages)
+
+
+def _all_match(binding: dict[str, Any], headers: dict[str, Any]) -> bool:
+    """Does a headers exchange's ``x-match: all`` binding match these headers?"""
+    return all(headers.get(name) == value for name, value in binding.items() if not name.startswith("x-"))
 
 
 def _key(envelope: Envelope) -> Any:

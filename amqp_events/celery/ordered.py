@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,12 +26,17 @@ from celery.exceptions import Reject
 from amqp_events.celery.running import run_here
 from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
-from amqp_events.core.outcome import Redeliver
+from amqp_events.core.outcome import Redeliver, SendToArchive
 from amqp_events.core.settle import publish_routed
+from amqp_events.core.transport import StoredMessage
 from amqp_events.errors import BadArguments
 from amqp_events.ordering.lanes import Lanes
+from amqp_events.ordering.parking import Parking
+from amqp_events.ordering.sequences import Action
 from amqp_events.topology import ordered_exchange_name
-from amqp_events.wire.message import EVENT_KEY, OutgoingMessage, Reason, event_key
+from amqp_events.topology.names import intake_queue_name, slot_of
+from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, Reason, event_key
+from amqp_events.wire.parking import RELEASED_BEHIND, RELEASED_LAST
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,12 @@ class Held:
     ack: Callable[..., Any]
     reject: Callable[..., Any]
     delivery: Delivery
+    #: What its key's parked sequence (if any) made of it; ``None`` until it was first taken up.
+    action: Action | None = None
+
+    @property
+    def partition(self) -> str:
+        return self.delivery.queue
 
 
 class OrderedRunner:
@@ -62,6 +73,7 @@ class OrderedRunner:
     def __init__(self, app: Any, consumer: Any) -> None:
         self.app, self.consumer = app, consumer
         self.lanes: Lanes[Held] = Lanes()
+        self.parking = Parking(lambda: app.context)
         self.errors = consumer.connection_errors
         self.loop_thread = threading.get_ident()
         pool = consumer.pool
@@ -87,6 +99,7 @@ class OrderedRunner:
         again. Forget it (a run in progress finishes, but its ack is lost with the connection)."""
         self.generation += 1
         self.lanes = Lanes()
+        self.parking = Parking(lambda: self.app.context)
         self._cancel_timers()
 
     def stop(self) -> None:
@@ -146,18 +159,27 @@ class OrderedRunner:
 
     def run_one(self, held: Held) -> Held | None:
         """Run one message; returns the next one of its key to run now, if any."""
+        parking, delivery = self.parking, held.delivery
         try:
-            outcome = run_here(self.app, held.task, held.delivery, held.message.delivery_info, self.consumer.hostname)
+            action = held.action
+            if action is None:
+                action = parking.admit(held.partition, held.key, delivery.event_id, delivery.headers)
+                if not takes_part(action, parking, held.partition, held.key, held.message):
+                    return self.done(held)
+                held = replace(held, action=action)
+            outcome = run_here(self.app, held.task, delivery, held.message.delivery_info, self.consumer.hostname)
+            if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
+                again = replace(held, delivery=retried(delivery, outcome))
+                self.later(min(float(outcome.delay), LONGEST_HOLD), again)
+                return None
+            archived = isinstance(outcome, SendToArchive)
+            parking.ran(held.partition, held.key, delivery.event_id, action, archived, held.task.handler.parks)
         except Reject as exc:  # the handler rejected its message itself: it gives up its place
             held.reject(logger, self.errors, exc.requeue)
             return None if held.generation != self.generation else self.lanes.finish(held.key)
         except Exception:  # the outcome could not be carried out (the broker went away): try again
-            logger.exception("could not settle %s[%s]; running it again", held.task.name, held.delivery.event_id)
+            logger.exception("could not settle %s[%s]; running it again", held.task.name, delivery.event_id)
             self.later(SETTLE_AGAIN_AFTER, held)
-            return None
-        if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
-            again = replace(held, delivery=retried(held.delivery, outcome))
-            self.later(min(float(outcome.delay), LONGEST_HOLD), again)
             return None
         return self.done(held)
 
@@ -179,6 +201,18 @@ class OrderedRunner:
         timer.start()
 
 
+def takes_part(action: Action, parking: Parking, partition: str, key: str, message: Any) -> bool:
+    """Does a message admitted with ``action`` run? If not, it is parked now, or was a release command."""
+    if action is Action.PARK:
+        stored = StoredMessage(message.headers, message.body, message.content_type, message.content_encoding)
+        parking.park(partition, key, stored)
+    elif action is Action.RELEASE:
+        parking.release(partition, key)
+    elif action is Action.DROP:
+        logger.info("key %r no longer waits for %s: release command dropped", key, message.headers.get("id"))
+    return action not in (Action.PARK, Action.RELEASE, Action.DROP)
+
+
 def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
     """The strategy of an ordered handler's task: every message goes to the consumer's :class:`OrderedRunner`."""
     runner = OrderedRunner.of(app, consumer)
@@ -192,36 +226,38 @@ def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
 def key_of(
     app: Any, handler: Any, message: Any, delivery: Delivery, ack: Any, reject: Any, errors: Any = ()
 ) -> str | None:
-    """The key of a message of an ordered handler; ``None`` when it has none, and was settled instead.
+    """The key of a message of an ordered handler; ``None`` when it was sent on or settled instead.
 
-    An event fired without a key went to a partition by guess: it is
-    published again with the key its handler names, through the ordered
-    exchange (its place among that key's events: now), and this copy acked.
-    One whose arguments give no key is archived as ``bad_arguments``.
+    An event that came without a slot (from the intake queue: fired without
+    a key, or by a producer that gives only the key) is published again with
+    its key (the ``event_key`` header, else the argument its handler names)
+    and the key's slot, through the ordered exchange to its partition (its
+    place among that key's events: now); this copy is acked. One whose
+    arguments give no key is archived as ``bad_arguments``.
     """
     key = message.headers.get(EVENT_KEY)
-    if key is not None:
-        return str(key)
     context = app.context
+    if key is not None and delivery.queue != intake_queue_name(context.name):
+        return str(key)
     try:
-        found = event_key(handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
+        found = event_key(key if key is not None else handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
     except (BadArguments, ValueError) as exc:
         handling.refuse(context, replace(delivery, raw_body=message.body), Reason.BAD_ARGUMENTS, exc)
         ack(logger, errors)
         return None
-    keyed = OutgoingMessage(
+    slotted = OutgoingMessage(
         ordered_exchange_name(context.name),
         delivery.routing_key,
-        {**message.headers, EVENT_KEY: found},
+        {**message.headers, EVENT_KEY: found, EVENT_SLOT: slot_of(found)},
         message.body,
         delivery.event_id,
         message.content_type,
         message.content_encoding,
     )
     try:
-        publish_routed(context, keyed)
-    except Exception:  # it comes back (dead-lettered to its partition) and is keyed again
-        logger.exception("could not key event %s again; it comes back", delivery.event_id)
+        publish_routed(context, slotted)
+    except Exception:  # it comes back (dead-lettered to the intake queue) and is sent on again
+        logger.exception("could not send event %s on to its partition; it comes back", delivery.event_id)
         reject(logger, errors, False)
         return None
     ack(logger, errors)
@@ -232,3 +268,9 @@ def retried(held_delivery: Delivery, retry: Redeliver) -> Delivery:
     """The delivery a held retry runs with: the retry copy's headers and arguments."""
     copy = retry.copy
     return replace(held_delivery, headers=copy.headers, args=copy.body[0], kwargs=copy.body[1])
+
+
+def keeping_marks(retry: Redeliver, headers: Mapping[str, Any]) -> Redeliver:
+    """``retry`` with the release marks of the message it retries (they belong to one copy otherwise)."""
+    marks = {name: headers[name] for name in (RELEASED_BEHIND, RELEASED_LAST) if name in headers}
+    return replace(retry, copy=replace(retry.copy, headers={**retry.copy.headers, **marks}))

@@ -1,4 +1,4 @@
-"""``amqp-events archive list|show|replay|purge|export|import``.
+"""``amqp-events archive list|show|replay|purge|export|import|parked``.
 
 Replay and purge act on exactly the messages they listed (and the operator
 confirmed): a message archived after the listing is left alone.
@@ -16,7 +16,8 @@ import click
 
 from amqp_events.archive import Archive, ArchivedMessage, Selection
 from amqp_events.cli.context import current_context, one_line_errors
-from amqp_events.topology import delays
+from amqp_events.topology import delays, parked_queue_name
+from amqp_events.wire.parking import PARKS_KEY
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -83,7 +84,7 @@ def archive_list(store: Archive, selection: Selection, as_json: bool) -> None:
             e.id,
             e.event,
             e.service,
-            e.reason,
+            e.reason + (f", parks key {e.headers[PARKS_KEY]}" if PARKS_KEY in e.headers else ""),
             e.exception_type.rsplit(".", 1)[-1],
             _shorten(e.exception_message, 50),
             str(e.attempts),
@@ -234,3 +235,31 @@ def fired_with(entry: ArchivedMessage) -> str:
     if entry.exchange in (delays.DELIVERY_EXCHANGE, ""):
         return entry.event
     return entry.routing_key
+
+
+@archive.command("parked")
+@click.option("--wait", type=float, default=3.0, show_default=True, help="Seconds to wait for workers' replies.")
+@one_line_errors
+def archive_parked(wait: float) -> None:
+    """The keys of ordered handlers parked behind an archived event, and how many events wait behind each.
+
+    The workers consuming the partitions answer; a partition no worker has read since it connected shows how
+    many messages its parked queue holds.
+    """
+    app = current_context().app
+    replies = app.control.broadcast("amqp_events_parked", arguments={"service": app.service}, reply=True, timeout=wait)
+    rows: list[list[str]] = []
+    read: set[str] = set()
+    for reply in replies:
+        for answer in reply.values():
+            if not isinstance(answer, dict) or answer.get("service") != app.service:
+                continue
+            for partition, keys in answer["partitions"].items():
+                read.add(partition)
+                rows.extend([key, partition, parked["head"], str(parked["waiting"])] for key, parked in keys.items())
+    _table(["KEY", "PARTITION", "WAITING FOR", "EVENTS WAITING"], sorted(rows))
+    click.echo(f"{len(rows)} parked key(s)")
+    for partition in range(app.context.settings.partitions):
+        queue = parked_queue_name(app.service, partition)
+        if queue.removesuffix(".parked") not in read and (count := app.transport.count(queue)):
+            click.echo(f"{queue}: {count} message(s), not read by a worker since it connected")

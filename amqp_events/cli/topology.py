@@ -33,8 +33,12 @@ def topology_show(context: Context, as_json: bool) -> None:
     for queue in described["queues"]:
         click.echo(f"  {queue['name']}  {_arguments(queue['arguments'])}")
     click.echo("bindings:")
+    keys: dict[tuple[str, str], list[str]] = {}  # a partition's slots on one line
     for link in described["bindings"]:
-        click.echo(f"  {link['source']} -> {link['destination']}  [{link['routing_key']}]")
+        keys.setdefault((link["source"], link["destination"]), []).append(link["routing_key"])
+    for (source, destination), routing_keys in keys.items():
+        ordered = sorted(routing_keys, key=lambda key: (not key.isdigit(), int(key) if key.isdigit() else 0, key))
+        click.echo(f"  {source} -> {destination}  [{', '.join(ordered)}]")
 
 
 def describe_topology(topology: Topology) -> dict[str, Any]:

@@ -22,8 +22,9 @@ from amqp.exceptions import NotFound
 from amqp_events.core.context import Firing, ServiceContext
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import check_event_name, delays
+from amqp_events.topology.names import slot_of
 from amqp_events.wire import cloud_events
-from amqp_events.wire.message import OutgoingMessage, event_envelope, event_key, new_event_id
+from amqp_events.wire.message import EVENT_SLOT, OutgoingMessage, event_envelope, event_key, new_event_id
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ def fired_message(
     else:
         headers, body = event_envelope(event, args, kwargs, context.name, now, event_id, key)
         message_id = headers["id"]
+    if key is not None:  # where the ordered exchanges send it (without one, a worker works it out)
+        headers[EVENT_SLOT] = slot_of(key)
     if eta is not None and countdown is None:
         countdown = delays.seconds_until(eta, now)
     message = OutgoingMessage(context.settings.exchange, event, headers, body, message_id)

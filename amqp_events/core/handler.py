@@ -16,6 +16,8 @@ from amqp_events.inbox.base import DedupStore, TransactionalInbox
 
 #: ``max_retries``/``backoff_base``/``backoff_max``/``jitter``/``dont_retry``: a handler's own retry rules.
 RETRY_OPTIONS = ("max_retries", "backoff_base", "backoff_max", "jitter", "dont_retry")
+#: What an ordered handler's archived event does to the later events of its key.
+ON_ARCHIVE = ("park", "skip")
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +49,9 @@ class Handler:
     #: Its events are handled one at a time per key, in order: the name of the argument (of the field, for
     #: class events) that holds the key, or a callable given the event's arguments; ``None``: unordered.
     ordered_by: str | Callable[..., Any] | None = None
+    #: An ordered handler's archived event: ``park`` its key (the key's later events wait until the archived one
+    #: is replayed or discarded) or ``skip`` it (they go on).
+    on_archive: str = "park"
     #: Argument shapes (how many positional, which keywords) already seen to fit the signature.
     _fitting_shapes: set[tuple[int, frozenset[str]]] = field(default_factory=set, repr=False)
 
@@ -54,6 +59,8 @@ class Handler:
         unknown = set(self.retry_options) - set(RETRY_OPTIONS)
         if unknown:
             raise TypeError(f"{self.name}: unknown retry option(s) {', '.join(sorted(unknown))}")
+        if self.on_archive not in ON_ARCHIVE:
+            raise TypeError(f"{self.name}: on_archive={self.on_archive!r} is not one of {', '.join(ON_ARCHIVE)}")
         if isinstance(self.ordered_by, str) and self.ordered_by not in self._payload_names():
             raise TypeError(f"{self.name}: ordered_by={self.ordered_by!r} is not one of its event's arguments")
         if self.inbox is not None and not self._takes_a_handle():
@@ -101,6 +108,11 @@ class Handler:
     @property
     def ordered(self) -> bool:
         return self.ordered_by is not None
+
+    @property
+    def parks(self) -> bool:
+        """Does an archived event of this handler park its key?"""
+        return self.ordered and self.on_archive == "park"
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The key of an event with these arguments, as ``ordered_by`` says (:class:`~amqp_events.BadArguments`

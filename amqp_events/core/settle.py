@@ -8,11 +8,13 @@ the original leaves it: a message is never lost between the two.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from amqp_events.core.context import Attempt, ServiceContext
-from amqp_events.core.outcome import Ack, Outcome, Redeliver
+from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive
 from amqp_events.errors import TopologyMissing
-from amqp_events.wire.message import OutgoingMessage
+from amqp_events.wire.message import EVENT_KEY, OutgoingMessage
+from amqp_events.wire.parking import PARKS_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
     """
     for before in attempt.context.middleware.before_settle:
         outcome = before(attempt, outcome)
+    if isinstance(outcome, SendToArchive) and attempt.handler is not None and attempt.handler.parks:
+        outcome = parking_head(attempt, outcome)
     if isinstance(outcome, Ack) or (isinstance(outcome, Redeliver) and is_ordered(attempt)):
         return outcome
     publish_routed(attempt.context, outcome.copy)
@@ -35,6 +39,14 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
 
 def is_ordered(attempt: Attempt) -> bool:
     return attempt.handler is not None and attempt.handler.ordered
+
+
+def parking_head(attempt: Attempt, outcome: SendToArchive) -> SendToArchive:
+    """``outcome`` with its archived copy marked as the head of its key's parked events."""
+    key = attempt.delivery.headers.get(EVENT_KEY)
+    if key is None:  # not run with a key (refused before): nothing waits behind it
+        return outcome
+    return replace(outcome, copy=replace(outcome.copy, headers={**outcome.copy.headers, PARKS_KEY: key}))
 
 
 def publish_routed(context: ServiceContext, message: OutgoingMessage) -> None:

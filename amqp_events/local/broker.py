@@ -25,11 +25,10 @@ from amqp_events.local.installation import Installation, find
 from amqp_events.management import ManagementAPI
 
 LOOPBACK = "127.0.0.1"
-#: The plugins a local node runs: the management API and Prometheus endpoint, and the consistent-hash exchange
-#: that spreads ordered handlers' events over their partitions (all ship with RabbitMQ).
+#: The plugins a local node runs: the management API and Prometheus endpoint (both ship with RabbitMQ).
 #: Starts of a node whose distribution port another process took in the meantime, before it gives up.
 DIST_PORT_ATTEMPTS = 3
-PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus", "rabbitmq_consistent_hash_exchange")
+PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
 
 
 @dataclass

@@ -3,9 +3,10 @@
 How it works (README, "Ordered handling"):
 
 * **Partitions.** A service's ordered handlers share ``amqp_events_partitions``
-  quorum queues, ``<service>.ordered.NN``. RabbitMQ's consistent-hash
-  exchange ``<service>.ordered`` puts every event of one key (its
-  ``event_key`` header) into the same partition, in the order it accepted them.
+  quorum queues, ``<service>.ordered.NN``. A key falls into one of 64 slots
+  (the ``event_slot`` header, the CRC-32 of the key); the headers exchange
+  ``<service>.ordered`` sends each slot to one partition, so every event of
+  one key goes to the same partition, in the order the broker accepted them.
 * **One consumer per partition.** Each partition has a single active
   consumer (``x-single-active-consumer``): whatever the number of workers,
   one of them takes a partition's messages, in order. If it dies, RabbitMQ
@@ -17,4 +18,7 @@ How it works (README, "Ordered handling"):
   the delay ladder: the worker keeps the original, unacked on the broker, and
   runs it again after its delay; later events of its key wait behind it, the
   others go on. The cost is bounded by the prefetch window.
+* **Parking** (:mod:`~amqp_events.ordering.parking`). When an event is
+  archived, the later events of its key wait in the partition's parked queue
+  until it is replayed or discarded, then go back to the partition in order.
 """

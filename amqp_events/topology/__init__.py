@@ -14,6 +14,7 @@ from amqp_events.topology.names import (
     check_service_name,
     event_queue_name,
     ordered_exchange_name,
+    parked_queue_name,
     partition_queue_name,
 )
 
@@ -25,6 +26,7 @@ __all__ = [
     "check_service_name",
     "event_queue_name",
     "ordered_exchange_name",
+    "parked_queue_name",
     "partition_queue_name",
     "service_topology",
 ]

@@ -8,7 +8,7 @@ import re
 import shlex
 from typing import Any
 
-from amqp.exceptions import InvalidCommand, PreconditionFailed
+from amqp.exceptions import PreconditionFailed
 from kombu import Connection, Queue
 
 from amqp_events.errors import TopologyMismatch
@@ -23,18 +23,9 @@ _INEQUIVALENT = re.compile(
 _VALUE = re.compile(r"^(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?$")
 
 
-UNKNOWN_TYPE = "unknown exchange type"
-
-
-def mismatch(error: PreconditionFailed | InvalidCommand) -> TopologyMismatch:
+def mismatch(error: PreconditionFailed) -> TopologyMismatch:
     """The broker's refusal of a declaration, as an error that names the entity, the argument and the fix."""
     reply = str(getattr(error, "reply_text", "") or error)
-    if f"{UNKNOWN_TYPE} 'x-consistent-hash'" in reply:
-        return TopologyMismatch(
-            "this service has ordered handlers (ordered_by), whose partitions need RabbitMQ's consistent-hash "
-            "exchange, a plugin that ships with the server but is off: `rabbitmq-plugins enable "
-            f"rabbitmq_consistent_hash_exchange` on every node ({reply})"
-        )
     found = _INEQUIVALENT.search(reply)
     if not found:
         return TopologyMismatch(f"the broker refused this service's topology: {reply}")
@@ -83,12 +74,8 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
             channel = _declare_queue(connection, channel, queue, kept)
         for link in topology.bindings:
             destination: Any = link.destination  # a Queue or an Exchange: both bind the same way
-            destination.bind_to(link.source, routing_key=link.routing_key, channel=channel)
-    except (PreconditionFailed, InvalidCommand) as error:
-        # RabbitMQ 3.x refuses an exchange type it lacks (a plugin off) with a connection error, 4.x with a
-        # channel error: either way, the worker must not reconnect and try again for ever.
-        if isinstance(error, InvalidCommand) and UNKNOWN_TYPE not in str(error):
-            raise
+            destination.bind_to(link.source, routing_key=link.routing_key, arguments=link.arguments, channel=channel)
+    except PreconditionFailed as error:
         raise mismatch(error) from None
     finally:
         if channel.is_open:

@@ -9,10 +9,11 @@ layout (README, "Topology") for a service ``orders`` handling ``E`` events:
   fires of that event and for messages sent to this queue alone (retries,
   replays). Rejected messages dead-letter back to it through the delivery
   exchange so that the worker can count them.
-* ``orders.ordered`` (consistent-hash exchange, on the ``event_key`` header) and
-  its partitions ``orders.ordered.00``... (quorum queues, one active consumer
-  each), when the service has ordered handlers: their events go there instead
-  of to ``orders:<event>``.
+* ``orders.ordered`` (headers exchange, on the ``event_slot`` header), its
+  partitions ``orders.ordered.00``... and ``orders.ordered.intake`` for events
+  without a slot (quorum queues, one active consumer each), and a parked queue
+  per partition, when the service has ordered handlers: their events go there
+  instead of to ``orders:<event>``.
 * ``orders.archive`` (quorum queue, bounded by TTL and length).
 * The delay ladder (:mod:`amqp_events.topology.delays`): 22 exchanges and 22 quorum
   queues shared by every service on the vhost, the delivery exchange, and
@@ -23,18 +24,21 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kombu import Exchange, Queue
 
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.names import (
-    EVENT_KEY_HEADER,
+    EVENT_SLOT_HEADER,
+    SLOTS,
     archive_queue_name,
     check_service_name,
     event_queue_name,
+    intake_queue_name,
     ordered_exchange_name,
+    parked_queue_name,
     partition_queue_name,
 )
 
@@ -55,8 +59,6 @@ SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
     "x-overflow": "reject-publish",
 }
-#: Points each partition has on the ordered exchange's hash ring: more points, keys spread more evenly.
-PARTITION_WEIGHT = "20"
 #: Bounds of the shared unroutable queue; constant so that every service declares it alike.
 UNROUTABLE_TTL_MS = 7 * 24 * 3600 * 1000
 UNROUTABLE_MAX_LENGTH = 10_000
@@ -116,6 +118,8 @@ class Binding:
     source: Exchange
     destination: Queue | Exchange
     routing_key: str
+    #: What a headers exchange matches (the ordered exchange's slot bindings).
+    arguments: dict[str, str] | None = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -228,40 +232,79 @@ def delivery_bindings(queue: Queue, event: str | None) -> list[Binding]:
 
 def ordered_partitions(
     service: str, events: Iterable[str], settings: Settings
-) -> tuple[Exchange, list[Queue], list[Binding]]:
-    """The ordered exchange of ``service``, bound to the ``events`` handled in order, and its partitions.
+) -> tuple[list[Exchange], list[Queue], list[Binding]]:
+    """The ordered exchange of ``service``, bound to the ``events`` handled in order, its partitions and its
+    intake queue.
 
-    The exchange hashes each message's ``event_key`` header onto a ring of
-    the partitions (RabbitMQ's consistent-hash exchange plugin): one key, one
-    partition. Each partition has one active consumer at a time, so its
-    messages are taken in the order the broker accepted them.
+    The exchange (a headers exchange) sends each message to the partition
+    of its key's slot (the ``event_slot`` header): slot ``s`` to partition
+    ``s % partitions``, whatever happens to the broker. A message without a
+    slot goes to the intake queue, where a worker gives it one. Each queue
+    has one active consumer at a time, so its messages are taken in the
+    order the broker accepted them.
     """
+    intake = Exchange(intake_queue_name(service), "fanout", durable=True, auto_delete=False)
     exchange = Exchange(
         ordered_exchange_name(service),
-        "x-consistent-hash",
+        "headers",
         durable=True,
         auto_delete=False,
-        arguments={"hash-header": EVENT_KEY_HEADER},
+        arguments={"alternate-exchange": intake.name},
     )
     delivery = delivery_exchange()
     bindings: list[Binding] = []
     for event in sorted(set(events)):
         bindings.append(Binding(events_exchange(settings), exchange, event))
         bindings.append(Binding(delivery, exchange, delays.destination_pattern(delays.event_destination(event))))
-    queues = []
+    queues = [one_at_a_time(intake_queue_name(service), intake, "", None, settings)]
+    bindings.extend(delivery_bindings(queues[0], None))
     for partition in range(settings.partitions):
+        slots = [str(slot) for slot in range(partition, SLOTS, settings.partitions)]
         name = partition_queue_name(service, partition)
-        queue = Queue(
+        queue = one_at_a_time(name, exchange, slots[0], slot_match(slots[0]), settings)
+        queues.append(queue)
+        bindings.extend(Binding(exchange, queue, slot, slot_match(slot)) for slot in slots[1:])
+        bindings.extend(delivery_bindings(queue, None))
+    return [intake, exchange], queues, bindings
+
+
+def one_at_a_time(
+    name: str, exchange: Exchange, routing_key: str, arguments: dict[str, str] | None, settings: Settings
+) -> Queue:
+    """A queue of the ordered handlers: one consumer at a time takes its messages, in order."""
+    return Queue(
+        name,
+        exchange=exchange,
+        routing_key=routing_key,
+        binding_arguments=arguments,
+        durable=True,
+        auto_delete=False,
+        queue_arguments={**consumed_queue_arguments(name, settings), "x-single-active-consumer": True},
+    )
+
+
+def slot_match(slot: str) -> dict[str, str]:
+    """A binding of the ordered exchange: messages of this slot (the slot is its routing key too, to read)."""
+    return {"x-match": "all", EVENT_SLOT_HEADER: slot}
+
+
+def parked_queues(service: str, settings: Settings) -> list[Queue]:
+    """One per partition: the events of keys parked behind an archived event, in order, with a marker per key.
+
+    Only the worker consuming the partition reads and writes it. Unbounded:
+    a parked event is an event not yet handled.
+    """
+    return [
+        Queue(
             name,
-            exchange=exchange,
-            routing_key=PARTITION_WEIGHT,
+            exchange=Exchange(""),
+            routing_key=name,
             durable=True,
             auto_delete=False,
-            queue_arguments={**consumed_queue_arguments(name, settings), "x-single-active-consumer": True},
+            queue_arguments=quorum(settings),
         )
-        queues.append(queue)
-        bindings.extend(delivery_bindings(queue, None))
-    return exchange, queues, bindings
+        for name in (parked_queue_name(service, partition) for partition in range(settings.partitions))
+    ]
 
 
 def archive_queue(service: str, settings: Settings) -> Queue:
@@ -288,10 +331,11 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
         event_queues.append(queue)
         bindings.extend(its_bindings)
     if ordered:
-        exchange, partitions, its_bindings = ordered_partitions(service, ordered, settings)
-        exchanges.append(exchange)
+        its_exchanges, partitions, its_bindings = ordered_partitions(service, ordered, settings)
+        exchanges.extend(its_exchanges)
         event_queues.extend(partitions)
         bindings.extend(its_bindings)
+        queues.extend(parked_queues(service, settings))
     archive = archive_queue(service, settings)
     return Topology(
         service=check_service_name(service),

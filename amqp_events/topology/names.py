@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import functools
 import re
+import zlib
 
 from amqp_events.errors import InvalidName
+from amqp_events.settings import KEY_SLOTS
 from amqp_events.topology import delays
 
-#: The header that carries an event's key (:mod:`amqp_events.wire.message`), which the ordered exchange hashes.
+#: The header that carries an event's key (:mod:`amqp_events.wire.message`).
 EVENT_KEY_HEADER = "event_key"
+#: The header that carries its key's slot (:func:`slot_of`), on which the ordered exchanges route.
+EVENT_SLOT_HEADER = "event_slot"
+#: Keys fall into this many slots; a service's partitions share them out (so it has at most this many).
+SLOTS = KEY_SLOTS
 
 _WORD = r"[A-Za-z0-9_-]+"
 _SERVICE = re.compile(rf"^{_WORD}$")
@@ -70,3 +76,29 @@ def is_ordered_exchange(name: str) -> bool:
 def partition_queue_name(service: str, partition: int) -> str:
     """Partition ``partition`` of ``service``'s ordered handlers."""
     return f"{ordered_exchange_name(service)}.{partition:02d}"
+
+
+def intake_queue_name(service: str) -> str:
+    """Where ``service``'s ordered events that came without a slot wait to be given one (and sent on)."""
+    return f"{ordered_exchange_name(service)}.intake"
+
+
+def slot_of(key: str) -> str:
+    """The slot of an event key: the CRC-32 of its UTF-8 bytes, modulo :data:`SLOTS`, in decimal.
+
+    The same in every language (zlib's CRC-32: Java's ``java.util.zip.CRC32``, Node's ``zlib.crc32``).
+    """
+    return str(zlib.crc32(key.encode("utf-8")) % SLOTS)
+
+
+def parked_queue_name(service: str, partition: int) -> str:
+    """Where the events parked behind an archived one of partition ``partition`` wait (ordered handlers)."""
+    return parked_queue_of(partition_queue_name(service, partition))
+
+
+def parked_queue_of(partition_queue: str) -> str:
+    return f"{partition_queue}.parked"
+
+
+def is_parked_queue(name: str, service: str) -> bool:
+    return name.startswith(f"{ordered_exchange_name(service)}.") and name.endswith(".parked")

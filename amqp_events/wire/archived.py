@@ -42,6 +42,7 @@ from amqp_events.wire.message import (
     isoformat,
     parse_time,
 )
+from amqp_events.wire.parking import PARKS_KEY
 
 MAX_EXCEPTION_MESSAGE = 1000
 MAX_TRACEBACK = 4096
@@ -231,6 +232,7 @@ class ArchivedMessage:
             "archived_at": _iso(self.archived_at),
             "queue": self.queue,
             "cloudevent": self.cloud_event or None,
+            "parks_key": self.headers.get(PARKS_KEY),
         }
 
     def to_json(self) -> dict[str, Any]:

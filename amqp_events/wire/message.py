@@ -31,7 +31,8 @@ from typing import Any
 from kombu.utils.json import dumps as json_dumps
 
 from amqp_events.topology import delays
-from amqp_events.topology.names import EVENT_KEY_HEADER
+from amqp_events.topology.names import EVENT_KEY_HEADER, EVENT_SLOT_HEADER
+from amqp_events.wire.parking import PARKING_HEADERS
 
 FIRED_AT = "fired_at"
 FIRED_BY = "fired_by"
@@ -41,7 +42,8 @@ LOST_RUNS = "lost_runs"
 SECTION_RETRIES = "section_retries"
 FAILED_SECTION = "failed_section"
 EVENT_KEY = EVENT_KEY_HEADER
-#: A key is an AMQP header value a consistent-hash exchange can route on: a short string.
+EVENT_SLOT = EVENT_SLOT_HEADER
+#: A key is a short string, an AMQP header value.
 _MAX_KEY = 255
 #: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).
 ENVELOPE = ("task", "id", "root_id", "parent_id", "group", "origin", "lang", "retries")
@@ -187,7 +189,7 @@ def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dic
 
 
 def _one_copy_only(key: str) -> bool:
-    return key.startswith("x-") or key in ARCHIVE_HEADERS or key in (DUE_AT, LOST_RUNS)
+    return key.startswith("x-") or key in ARCHIVE_HEADERS or key in PARKING_HEADERS or key in (DUE_AT, LOST_RUNS)
 
 
 @dataclass(frozen=True)

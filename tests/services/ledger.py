@@ -3,7 +3,7 @@
 import os
 import time
 
-from amqp_events import current_event
+from amqp_events import PermanentFailure, current_event
 from amqp_events.celery import events_app
 from services.behaviour import Flaky, record
 
@@ -17,11 +17,13 @@ app = events_app(
 
 
 def in_order(account: str, seq: int, how: dict | None) -> None:
-    """Record this run (``ok`` or not), sleeping and failing as ``how`` says."""
-    how = how or {}
+    """Record this run (``ok`` or not), sleeping and failing as ``how`` says (``permanent``: until ``FIXED``)."""
+    how = {} if os.environ.get("FIXED") else how or {}
     time.sleep(how.get("sleep", 0))
-    failing = current_event().attempt <= how.get("fail_times", 0)
+    failing = how.get("permanent") or current_event().attempt <= how.get("fail_times", 0)
     record("ledger", tag=f"{account}:{seq}", account=account, seq=seq, ok=not failing)
+    if how.get("permanent"):
+        raise PermanentFailure(f"{account}:{seq} can never succeed")
     if failing:
         raise Flaky(f"{account}:{seq} failed on attempt {current_event().attempt}")
 
@@ -33,4 +35,9 @@ def on_opened(account: str, seq: int, how: dict | None = None):
 
 @app.handler("accounts.money.moved", ordered_by="account")
 def on_moved(account: str, seq: int, how: dict | None = None):
+    in_order(account, seq, how)
+
+
+@app.handler("accounts.note.added", ordered_by="account", on_archive="skip")
+def on_note(account: str, seq: int, how: dict | None = None):
     in_order(account, seq, how)
