@@ -19,22 +19,29 @@ def fire_sequences(
     rng: random.Random,
     fired: dict | None = None,
     poison: frozenset[tuple[str, int]] = frozenset(),
+    how: dict | None = None,
 ) -> dict[str, list[int]]:
     """Fire ``per_account`` events for each account, interleaved across accounts, alternating the two event
-    names; ``failing`` of them fail once, those in ``poison`` (account, seq) until the fix is deployed.
+    names, each doing ``how`` (e.g. sleeping); ``failing`` of them fail once, those in ``poison`` (account, seq)
+    until the fix is deployed.
     Records in ``fired`` each account's sequence numbers in the order fired (confirmed); an event whose fire
     raised is fired again under the same id, before the next."""
     fired = defaultdict(list) if fired is None else fired
     plan = [(account, seq) for seq in range(per_account) for account in accounts]
     for account, seq in plan:
-        how = {"fail_times": 1} if rng.random() < failing else {}
+        what = dict(how or {})
+        if rng.random() < failing:
+            what["fail_times"] = 1
         if (account, seq) in poison:
-            how = {"permanent": True}
+            what = {"permanent": True}
         event_id = None
         while True:
             try:
                 producer.fire(
-                    EVENTS[seq % 2], kwargs={"account": account, "seq": seq, "how": how}, key=account, event_id=event_id
+                    EVENTS[seq % 2],
+                    kwargs={"account": account, "seq": seq, "how": what},
+                    key=account,
+                    event_id=event_id,
                 )
                 break
             except PublishError as error:  # the broker restarts: the event may or may not be there

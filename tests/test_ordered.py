@@ -105,3 +105,17 @@ def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(worker
     assert shown.exit_code == 0, shown.output
     assert [line.split() for line in shown.output.splitlines()[1:2]] == [["a-1", partition, head, "2"]]
     assert records.all(account="a-1") and not [run for run in records.all(account="a-1") if run["ok"]]
+
+
+def test_the_partitions_are_shared_out_among_the_workers_and_order_holds_through_each_hand_over(
+    worker, producer, records
+):
+    workers = [worker("ledger", pool="threads", concurrency=2, env={"PARTITIONS": "8"}) for _ in range(3)]
+    accounts = [f"acct-{n}" for n in range(48)]
+    fired = fire_sequences(producer, accounts, 40, failing=0.05, rng=random.Random(11), how={"sleep": 0.02})
+    wait_for(lambda: all_succeeded(records, fired), 180, what="every event handled")
+    check_order(records, fired)
+    runs = records.all(service="ledger")
+    last_third = {run["pid"] for run in runs[2 * len(runs) // 3 :]}
+    assert len(last_third) == 3, f"handled by {len(last_third)} worker(s) at the end: the partitions were not shared"
+    assert all(w.is_running() for w in workers)

@@ -22,6 +22,7 @@ from amqp_events.breakers.health import Health, HealthCheck
 from amqp_events.celery import control
 from amqp_events.celery.conf import EventsCelery
 from amqp_events.celery.handlers import EventDecorator, HandlerDecorator
+from amqp_events.celery.partitions import Partitions
 from amqp_events.celery.rabbitmq import RabbitMQ
 from amqp_events.celery.signals import SettledSignal
 from amqp_events.celery.steps import BreakerControl, BreakerState, Heartbeat, InboxPruning, MetricsEndpoint
@@ -385,6 +386,7 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
     app.steps["consumer"].add(BreakerControl)
     app.steps["consumer"].add(Heartbeat)
     app.steps["consumer"].add(InboxPruning)
+    app.steps["consumer"].add(Partitions)
     control.register()
     if celery_settings:
         app.conf.update(celery_settings)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -54,6 +55,8 @@ class Held:
     key: str
     #: The connection it came on (:attr:`OrderedRunner.generation`): after a reconnection it is gone.
     generation: int
+    #: Its partition's turn with this worker (:meth:`OrderedRunner.forget` ends it).
+    epoch: int
     task: Any
     message: Any
     ack: Callable[..., Any]
@@ -72,7 +75,13 @@ class OrderedRunner:
 
     def __init__(self, app: Any, consumer: Any) -> None:
         self.app, self.consumer = app, consumer
-        self.lanes: Lanes[Held] = Lanes()
+        #: Per partition (a key is in one partition).
+        self.lanes: dict[str, Lanes[Held]] = defaultdict(Lanes)
+        self.epochs: dict[str, int] = defaultdict(int)
+        #: Partitions being handed over: their messages not yet started wait, to go back to the broker.
+        self.paused: set[str] = set()
+        self.running: dict[str, int] = defaultdict(int)
+        self.lock = threading.Lock()
         self.parking = Parking(lambda: app.context)
         self.errors = consumer.connection_errors
         self.loop_thread = threading.get_ident()
@@ -82,7 +91,7 @@ class OrderedRunner:
             if isinstance(pool, SoloPool)
             else ThreadPoolExecutor(max_workers=max(1, pool.limit or 1), thread_name_prefix="amqp-events-ordered")
         )
-        self.timers: set[threading.Timer] = set()
+        self.timers: dict[threading.Timer, str] = {}
         self.generation = 0
         self.stopped = False
 
@@ -98,9 +107,28 @@ class OrderedRunner:
         """The consumer's connection was lost: what it held went back to the broker, in order, and comes
         again. Forget it (a run in progress finishes, but its ack is lost with the connection)."""
         self.generation += 1
-        self.lanes = Lanes()
+        self.lanes.clear()
         self.parking = Parking(lambda: self.app.context)
         self._cancel_timers()
+
+    def pause(self, partition: str) -> None:
+        """Start no more messages of ``partition`` (it is being handed over to another worker)."""
+        with self.lock:
+            self.paused.add(partition)
+
+    def idle(self, partition: str) -> bool:
+        """Does no message of ``partition`` run now?"""
+        with self.lock:
+            return not self.running[partition]
+
+    def forget(self, partition: str) -> None:
+        """``partition``'s channel was closed: what it held went back to the broker, in order. Forget it."""
+        with self.lock:
+            self.epochs[partition] += 1
+            self.lanes.pop(partition, None)
+            self.paused.discard(partition)
+        self._cancel_timers(partition)
+        self.parking.forget(partition)
 
     def stop(self) -> None:
         """The worker stops: held retries are dropped (their messages go back to the broker, unacked)."""
@@ -109,20 +137,22 @@ class OrderedRunner:
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def _cancel_timers(self) -> None:
-        for timer in list(self.timers):
-            timer.cancel()
-        self.timers.clear()
+    def _cancel_timers(self, partition: str | None = None) -> None:
+        for timer, of in list(self.timers.items()):
+            if partition in (None, of):
+                timer.cancel()
+                self.timers.pop(timer, None)
 
     # -- a message arrives ---------------------------------------------------------------------------
 
-    def on_message(self, task: Any, message: Any, ack: Any, reject: Any) -> None:
+    def on_message(self, task: Any, message: Any, ack: Any, reject: Any, partition: str | None = None) -> None:
+        """A message of ``partition`` (by default: the queue of Celery's task consumer it came from)."""
         handler = task.handler
         args, kwargs, _ = message.decode()
         info = message.delivery_info
         delivery = Delivery(
             message.headers,
-            self.partition_of(info.get("consumer_tag")) or handler.queue,
+            partition or self.partition_of(info.get("consumer_tag")) or handler.queue,
             info.get("exchange") or "",
             info.get("routing_key") or "",
             args,
@@ -131,8 +161,8 @@ class OrderedRunner:
         key = key_of(self.app, handler, message, delivery, ack, reject, self.errors)
         if key is None:
             return
-        held = Held(str(key), self.generation, task, message, ack, reject, delivery)
-        if self.lanes.offer(held.key, held):
+        held = Held(str(key), self.generation, self.epochs[delivery.queue], task, message, ack, reject, delivery)
+        if self.lanes[held.partition].offer(held.key, held):
             self.submit(held)
 
     def partition_of(self, tag: Any) -> str | None:
@@ -154,8 +184,24 @@ class OrderedRunner:
 
     def run(self, held: Held | None) -> None:
         """Run ``held``, then the next message of its key while its lane has one ready."""
-        while held is not None and held.generation == self.generation and not self.stopped:
-            held = self.run_one(held)
+        while held is not None and self.current(held):
+            partition, key = held.partition, held.key
+            with self.lock:
+                if partition in self.paused:
+                    return
+                self.running[partition] += 1
+            try:
+                held = self.run_one(held)
+            except Exception:  # a bug: say so (an executor's thread would swallow it), and leave the key's lane
+                logger.exception("ordered handling of %s failed; its key waits until a reconnection", key)
+                return
+            finally:
+                with self.lock:
+                    self.running[partition] -= 1
+
+    def current(self, held: Held) -> bool:
+        """Is ``held`` still this worker's (not gone with a connection, or with its partition)?"""
+        return held.generation == self.generation and held.epoch == self.epochs[held.partition] and not self.stopped
 
     def run_one(self, held: Held) -> Held | None:
         """Run one message; returns the next one of its key to run now, if any."""
@@ -176,7 +222,7 @@ class OrderedRunner:
             parking.ran(held.partition, held.key, delivery.event_id, action, archived, held.task.handler.parks)
         except Reject as exc:  # the handler rejected its message itself: it gives up its place
             held.reject(logger, self.errors, exc.requeue)
-            return None if held.generation != self.generation else self.lanes.finish(held.key)
+            return self.lanes[held.partition].finish(held.key) if self.current(held) else None
         except Exception:  # the outcome could not be carried out (the broker went away): try again
             logger.exception("could not settle %s[%s]; running it again", held.task.name, delivery.event_id)
             self.later(SETTLE_AGAIN_AFTER, held)
@@ -186,18 +232,16 @@ class OrderedRunner:
     def done(self, held: Held) -> Held | None:
         """Ack ``held``; returns the next message of its key to run now, if any."""
         held.ack(logger, self.errors)
-        if held.generation != self.generation:
-            return None
-        return self.lanes.finish(held.key)
+        return self.lanes[held.partition].finish(held.key) if self.current(held) else None
 
     def later(self, seconds: float, held: Held) -> None:
         def due() -> None:
-            self.timers.discard(timer)
+            self.timers.pop(timer, None)
             self.submit(held)
 
         timer = threading.Timer(seconds, due)
         timer.daemon = True
-        self.timers.add(timer)
+        self.timers[timer] = held.partition
         timer.start()
 
 

@@ -1,4 +1,5 @@
-"""The queues a worker of an events app consumes: its service's event queues, in Celery's queue table.
+"""The queues a worker of an events app consumes: its service's event queues, in Celery's queue table (the
+partitions of ordered handlers excepted: :mod:`amqp_events.celery.partitions` consumes them).
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, tests/test_handler_loading.py).
 """
@@ -11,6 +12,8 @@ from typing import Any
 
 from celery.app.amqp import AMQP, Queues
 from kombu.utils.objects import cached_property
+
+from amqp_events.topology.names import is_partition_queue
 
 
 class EventQueues(Queues):  # type: ignore[misc]
@@ -42,6 +45,8 @@ class EventQueues(Queues):  # type: ignore[misc]
         # made when it was built (5.6+), which needs the new queue too.
         consumed_by_default = getattr(self, "_default_consume_from", None) if self._consume_from is None else None
         for queue in self.app.topology.event_queues:
+            if is_partition_queue(queue.name, self.app.service):  # each on a channel of its own (partitions.py)
+                continue
             if not dict.__contains__(self, queue.name):
                 # The worker declares its topology on every connection, before consuming (EventConsumer.connect),
                 # keeping a queue an earlier version made without the replica-placement arguments: Celery's own

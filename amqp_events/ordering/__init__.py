@@ -11,6 +11,7 @@ How it works (README, "Ordered handling"):
   consumer (``x-single-active-consumer``): whatever the number of workers,
   one of them takes a partition's messages, in order. If it dies, RabbitMQ
   gives its unacked messages back first, in their order, to the next one.
+  Workers share the partitions out (:mod:`amqp_events.celery.partitions`).
 * **Lanes in the worker.** Within the messages a worker holds, those of one
   key run one at a time (:class:`~amqp_events.ordering.lanes.Lanes`); other
   keys run alongside.

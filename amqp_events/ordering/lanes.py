@@ -35,10 +35,10 @@ class Lanes(Generic[T]):
     def finish(self, key: str) -> T | None:
         """The running item of ``key`` is done; returns the next one of ``key`` to run, if any."""
         with self._lock:
-            lane = self._waiting[key]
+            lane = self._waiting.get(key)
             if lane:
                 return lane.popleft()
-            del self._waiting[key]
+            self._waiting.pop(key, None)  # (or forgotten already: its partition went to another worker)
             return None
 
     def __len__(self) -> int:

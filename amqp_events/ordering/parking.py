@@ -73,6 +73,11 @@ class Parking:
             elif sequence is not None and action in (Action.RUN_HEAD, Action.RUN_LAST):
                 self._release(partition, key, sequences)
 
+    def forget(self, partition: str) -> None:
+        """Another worker takes ``partition`` over: what is known of it may change."""
+        with self._guard:
+            self._sequences.pop(partition, None)
+
     @property
     def context(self) -> ServiceContext:
         """The service's context now (the in-process mode gives an app another one when it starts)."""

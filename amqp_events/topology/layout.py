@@ -40,6 +40,7 @@ from amqp_events.topology.names import (
     ordered_exchange_name,
     parked_queue_name,
     partition_queue_name,
+    workers_queue_name,
 )
 
 #: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
@@ -288,6 +289,14 @@ def slot_match(slot: str) -> dict[str, str]:
     return {"x-match": "all", EVENT_SLOT_HEADER: slot}
 
 
+def workers_queue(service: str, settings: Settings) -> Queue:
+    """Consumed by every worker of ``service`` (and never given a message): its consumers are its workers."""
+    name = workers_queue_name(service)
+    return Queue(
+        name, exchange=Exchange(""), routing_key=name, durable=True, auto_delete=False, queue_arguments=quorum(settings)
+    )
+
+
 def parked_queues(service: str, settings: Settings) -> list[Queue]:
     """One per partition: the events of keys parked behind an archived event, in order, with a marker per key.
 
@@ -335,7 +344,7 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
         exchanges.extend(its_exchanges)
         event_queues.extend(partitions)
         bindings.extend(its_bindings)
-        queues.extend(parked_queues(service, settings))
+        queues.extend([*parked_queues(service, settings), workers_queue(service, settings)])
     archive = archive_queue(service, settings)
     return Topology(
         service=check_service_name(service),

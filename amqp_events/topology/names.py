@@ -78,9 +78,21 @@ def partition_queue_name(service: str, partition: int) -> str:
     return f"{ordered_exchange_name(service)}.{partition:02d}"
 
 
+def is_partition_queue(name: str, service: str) -> bool:
+    """Is ``name`` one of ``service``'s partitions (``<service>.ordered.NN``)?"""
+    prefix = f"{ordered_exchange_name(service)}."
+    return name.startswith(prefix) and name[len(prefix) :].isdigit()
+
+
 def intake_queue_name(service: str) -> str:
     """Where ``service``'s ordered events that came without a slot wait to be given one (and sent on)."""
     return f"{ordered_exchange_name(service)}.intake"
+
+
+def workers_queue_name(service: str) -> str:
+    """A queue that ``service``'s workers consume only to be counted (its partitions' consumer counts show the
+    active consumer alone)."""
+    return f"{ordered_exchange_name(service)}.workers"
 
 
 def slot_of(key: str) -> str:
