@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 import zlib
 
 import pytest
@@ -14,6 +16,7 @@ from amqp_events.errors import BadArguments
 from amqp_events.exporter import queue_kind
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.ordering.sequences import Action, Sequence, decide
+from amqp_events.ordering.timers import Timers
 from amqp_events.topology import partition_queue_name
 from amqp_events.topology.layout import Binding
 from amqp_events.topology.names import is_ordered_exchange, slot_of
@@ -202,3 +205,26 @@ def test_an_ordered_handler_parks_by_default_and_may_skip_instead(app):
 def test_parking_headers_belong_to_one_copy_of_a_message():
     headers = {"id": HEAD, "event_key": "a-1", RELEASED_BEHIND: "e-0", RELEASED_LAST: True, PARKS_KEY: "a-1"}
     assert copy_headers(headers, retries=1) == {"id": HEAD, "event_key": "a-1", "retries": 1}
+
+
+def test_timers_call_in_due_order_never_early_and_cancel_by_tag():
+    timers = Timers()
+    called: list[tuple[str, float]] = []
+    done = threading.Event()
+    started = time.monotonic()
+
+    def recorder(name: str):
+        return lambda: called.append((name, time.monotonic() - started))
+
+    timers.call_after(0.3, recorder("late"), "p1")
+    timers.call_after(0.1, recorder("early"), "p1")
+    timers.call_after(0.2, recorder("cancelled"), "p2")
+    timers.call_after(0.4, done.set)
+    timers.cancel("p2")
+    assert done.wait(10)
+    assert [name for name, _ in called] == ["early", "late"]
+    assert called[0][1] >= 0.1 and called[1][1] >= 0.3  # never before its delay
+    timers.call_after(60, recorder("never"))
+    assert timers.pending() == 1
+    timers.stop()
+    assert timers.pending() == 0

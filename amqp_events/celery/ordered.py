@@ -34,6 +34,7 @@ from amqp_events.errors import BadArguments
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.ordering.parking import Parking
 from amqp_events.ordering.sequences import Action
+from amqp_events.ordering.timers import Timers
 from amqp_events.topology import ordered_exchange_name
 from amqp_events.topology.names import intake_queue_name, slot_of
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, Reason, event_key
@@ -91,7 +92,8 @@ class OrderedRunner:
             if isinstance(pool, SoloPool)
             else ThreadPoolExecutor(max_workers=max(1, pool.limit or 1), thread_name_prefix="amqp-events-ordered")
         )
-        self.timers: dict[threading.Timer, str] = {}
+        #: Held retries (and settlements tried again) waiting for their time.
+        self.timers = Timers()
         self.generation = 0
         self.stopped = False
 
@@ -133,15 +135,12 @@ class OrderedRunner:
     def stop(self) -> None:
         """The worker stops: held retries are dropped (their messages go back to the broker, unacked)."""
         self.stopped = True
-        self._cancel_timers()
+        self.timers.stop()
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
 
     def _cancel_timers(self, partition: str | None = None) -> None:
-        for timer, of in list(self.timers.items()):
-            if partition in (None, of):
-                timer.cancel()
-                self.timers.pop(timer, None)
+        self.timers.cancel(partition)
 
     # -- a message arrives ---------------------------------------------------------------------------
 
@@ -235,14 +234,7 @@ class OrderedRunner:
         return self.lanes[held.partition].finish(held.key) if self.current(held) else None
 
     def later(self, seconds: float, held: Held) -> None:
-        def due() -> None:
-            self.timers.pop(timer, None)
-            self.submit(held)
-
-        timer = threading.Timer(seconds, due)
-        timer.daemon = True
-        self.timers[timer] = held.partition
-        timer.start()
+        self.timers.call_after(seconds, lambda: self.submit(held), held.partition)
 
 
 def takes_part(action: Action, parking: Parking, partition: str, key: str, message: Any) -> bool:
