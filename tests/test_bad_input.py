@@ -116,3 +116,33 @@ def test_a_message_whose_archiving_fails_is_retried_then_returned_to_its_queue_n
     producer.fire("test.ping", ["still serving"], {})
     records.wait(1)
     assert process.is_running()
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "reason"),
+    [
+        (b"{not json", {"task": "accounts.money.moved", "id": "bad-2", "event_key": "a-1"}, Reason.UNDECODABLE),
+        (b"[[], {}, {}]", {"task": "no.such.event", "id": "bad-3", "event_key": "a-1"}, Reason.UNKNOWN_EVENT),
+        (b'[[], {"seq": 1}, {}]', {"task": "accounts.money.moved", "id": "bad-4"}, Reason.BAD_ARGUMENTS),  # no key
+    ],
+    ids=["garbage", "unknown-event", "no-key"],
+)
+def test_a_bad_message_in_a_partition_of_ordered_handlers_is_archived_and_the_key_goes_on(
+    body, headers, reason, worker, producer, broker_url, records, archive_of
+):
+    process = worker("ledger", env={"PARTITIONS": "1"})
+    with Connection(broker_url) as connection:  # straight into the partition, past every check of a producer
+        connection.Producer().publish(
+            body,
+            exchange="",
+            routing_key="ledger.ordered.00",
+            headers=headers,
+            content_type="application/json",
+            content_encoding="utf-8",
+            serializer=None,
+        )
+    [archived] = wait_archived(archive_of("ledger"), 1)
+    assert archived.reason == reason and archived.body == body
+    producer.fire("accounts.money.moved", kwargs={"account": "a-1", "seq": 2}, key="a-1")
+    records.wait(1)
+    assert process.is_running()
