@@ -9,9 +9,11 @@ import threading
 from collections import defaultdict
 
 import pytest
+from conftest import scrape, value
 from ordered_helpers import all_succeeded, check_order, fire_sequences
 
 from amqp_events import events_app
+from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 from amqp_events.topology.names import slot_of
 
@@ -90,7 +92,8 @@ def test_the_topology_shows_the_partitions_and_the_check_finds_those_left_over(w
 
 
 def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(worker, producer, cli, records):
-    worker("ledger", env={"PARTITIONS": "4"})
+    port = free_port()
+    worker("ledger", env={"PARTITIONS": "4", "AMQP_EVENTS_METRICS_PORT": str(port)})
     head = producer.fire(
         "accounts.money.moved", kwargs={"account": "a-1", "seq": 0, "how": {"permanent": True}}, key="a-1"
     )
@@ -105,6 +108,7 @@ def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(worker
     assert shown.exit_code == 0, shown.output
     assert [line.split() for line in shown.output.splitlines()[1:2]] == [["a-1", partition, head, "2"]]
     assert records.all(account="a-1") and not [run for run in records.all(account="a-1") if run["ok"]]
+    assert value(scrape(port), "amqp_events_parked_keys", service="ledger", partition=partition) == 1
 
 
 def test_the_partitions_are_shared_out_among_the_workers_and_order_holds_through_each_hand_over(

@@ -124,6 +124,10 @@ def _create() -> dict[str, Any]:
             PREFIX + "health_check_state", "A health check's state: 0 healthy, 1 degraded, 2 unhealthy.",
             ["service", "check"], multiprocess_mode="max",
         ),
+        "parked_keys": Gauge(
+            PREFIX + "parked_keys", "Keys of ordered handlers parked behind an archived event, by partition.",
+            ["service", "partition"], multiprocess_mode="max",
+        ),
         "outbox_published": Counter(
             PREFIX + "outbox_published", "Outbox rows a relay published (confirmed) and deleted.", ["service"]
         ),
@@ -165,6 +169,11 @@ def record_breaker(service: str, handler: str, state: int, tripped: bool) -> Non
 def record_health(service: str, check: str, state: int) -> None:
     if AVAILABLE:
         instruments()["health"].labels(service, check).set(state)
+
+
+def record_parked_keys(service: str, partition: str, keys: int) -> None:
+    if AVAILABLE:
+        instruments()["parked_keys"].labels(service, partition).set(keys)
 
 
 class OutboxMetrics:

@@ -22,6 +22,7 @@ from typing import Any
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.settle import publish_routed
 from amqp_events.core.transport import StoredMessage
+from amqp_events.metrics import record_parked_keys
 from amqp_events.ordering.sequences import Action, Sequence, decide
 from amqp_events.topology.names import parked_queue_of
 from amqp_events.wire.message import EVENT_KEY, OutgoingMessage
@@ -62,6 +63,7 @@ class Parking:
         """``key``'s head was discarded: release what waits behind it."""
         with self._partition(partition) as sequences:
             self._release(partition, key, sequences)
+            record_parked_keys(self.context.name, partition, len(sequences))
 
     def ran(self, partition: str, key: str, event_id: str, action: Action, archived: bool, parks: bool) -> None:
         """A message admitted with ``action`` ran: archived (and its handler ``parks``), or handled."""
@@ -72,6 +74,7 @@ class Parking:
                     self._mark(partition, key, event_id, sequences)
             elif sequence is not None and action in (Action.RUN_HEAD, Action.RUN_LAST):
                 self._release(partition, key, sequences)
+            record_parked_keys(self.context.name, partition, len(sequences))
 
     def forget(self, partition: str) -> None:
         """Another worker takes ``partition`` over: what is known of it may change."""
@@ -100,6 +103,7 @@ class Parking:
                 sequences = self._load(partition)
                 with self._guard:
                     self._sequences[partition] = sequences
+                record_parked_keys(self.context.name, partition, len(sequences))
             yield sequences
 
     def _load(self, partition: str) -> dict[str, Sequence]:
