@@ -1,7 +1,8 @@
 """Interoperability with clients not written in Python, nor by us: Node.js with the npm packages ``amqplib``,
 ``cloudevents`` and ``@asyncapi/parser``, installed from the registry into a directory of the test session.
 
-* a Node producer fires CloudEvents (binary and structured) that a Python handler receives;
+* a Node producer fires CloudEvents (binary and structured) that a Python handler receives, and keyed ones
+  that an ordered handler receives in order, with the slot computed in JavaScript or without it;
 * a Python service fires CloudEvents that a Node consumer reads with the CloudEvents SDK;
 * the AsyncAPI documents of the demo's services pass the AsyncAPI parser.
 """
@@ -25,6 +26,7 @@ from test_readme import README, README_BROKER, write_blocks
 from amqp_events import events_app
 from amqp_events.cli import main
 from amqp_events.testing import wait_for
+from amqp_events.topology.names import slot_of
 
 NODE_SCRIPTS = Path(__file__).parent / "node"
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -87,6 +89,28 @@ def test_a_node_producer_fires_a_cloud_event_that_a_python_handler_receives(
         "urn:node:checkout",
         "10.00",
     )
+
+
+def test_a_node_producer_s_keyed_events_reach_an_ordered_handler_in_order_with_or_without_the_slot(
+    node, worker, producer, broker_url, records
+):
+    worker("ledger")
+    producer.declare_topology()
+    for account, slot in (("nöde-slot", "with-slot"), ("node-key", "")):
+        for seq in range(6):
+            data = json.dumps({"account": account, "seq": seq})
+            run_node(
+                node, "fire.js", broker_url, "binary", "accounts.money.moved", f"{account}-{seq}", data, account, slot
+            )
+    wait_for(lambda: len(records.all(service="ledger")) == 12, 60, what="12 events handled")
+    for account in ("nöde-slot", "node-key"):
+        assert [run["seq"] for run in records.all(account=account)] == list(range(6))
+    script = (
+        "const z = require('zlib'); for (const k of process.argv.slice(1)) console.log(z.crc32(Buffer.from(k)) % 64)"
+    )
+    keys = [f"acct-{n}" for n in range(100)] + ["é", "注文-42", "123456789"]
+    slots = subprocess.run(["node", "-e", script, *keys], capture_output=True, text=True, check=True, timeout=30)
+    assert slots.stdout.split() == [slot_of(key) for key in keys]  # the same slot in either language
 
 
 def test_a_node_consumer_reads_what_a_python_service_fires_as_cloud_events(node, broker_url):
