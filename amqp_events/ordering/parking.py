@@ -63,7 +63,6 @@ class Parking:
         """``key``'s head was discarded: release what waits behind it."""
         with self._partition(partition) as sequences:
             self._release(partition, key, sequences)
-            record_parked_keys(self.context.name, partition, len(sequences))
 
     def ran(self, partition: str, key: str, event_id: str, action: Action, archived: bool, parks: bool) -> None:
         """A message admitted with ``action`` ran: archived (and its handler ``parks``), or handled."""
@@ -74,7 +73,6 @@ class Parking:
                     self._mark(partition, key, event_id, sequences)
             elif sequence is not None and action in (Action.RUN_HEAD, Action.RUN_LAST):
                 self._release(partition, key, sequences)
-            record_parked_keys(self.context.name, partition, len(sequences))
 
     def forget(self, partition: str) -> None:
         """Another worker takes ``partition`` over: what is known of it may change."""
@@ -138,6 +136,7 @@ class Parking:
             self._remove(partition, key, markers=True, keep=head)
         sequence.head = head
         sequences[key] = sequence
+        record_parked_keys(self.context.name, partition, len(sequences))
         logger.warning("key %r parked in %s behind archived event %s", key, partition, head)
 
     def _release(self, partition: str, key: str, sequences: dict[str, Sequence]) -> None:
@@ -146,6 +145,7 @@ class Parking:
         if not sequence.parked:
             self._remove(partition, key, markers=True)
             del sequences[key]
+            record_parked_keys(self.context.name, partition, len(sequences))
             logger.warning("key %r of %s goes on: nothing waits behind %s any more", key, partition, sequence.head)
             return
         with self.context.transport.browse(parked_queue_of(partition)) as messages:
