@@ -7,6 +7,11 @@ be reached: ready messages and consumers only). Another thread listens to the
 workers' heartbeats. A scrape only reads the latest snapshot: it never waits
 for the broker.
 
+With a history on the vhost (``amqp_events_history``), it also tells how
+many events the history keeps, the age of the oldest, its retention by age,
+and how old the event is that an unfinished replay into the service goes on
+from (an alert compares the last two).
+
 Workers are up while their heartbeats keep coming; one silent for
 ``worker_timeout`` seconds (killed, say) reads 0, and its series is dropped
 after ``forget_after`` seconds, while ``amqp_events_workers_online`` stays
@@ -22,16 +27,18 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from amqp.exceptions import NotFound
 from kombu import Connection, Queue
 
 from amqp_events.errors import ManagementError
+from amqp_events.history.watch import HistoryWatch, watch
 from amqp_events.management import ManagementAPI
 from amqp_events.topology import delays, ordered_exchange_name
 from amqp_events.topology.layout import Topology, heartbeats_listener
-from amqp_events.topology.names import is_parked_queue
+from amqp_events.topology.names import HISTORY_STREAM, is_parked_queue
 
 if TYPE_CHECKING:
     from amqp_events.celery import EventsApp
@@ -113,6 +120,7 @@ class Exporter:
         self.vhost = str(Connection(app.conf.broker_url).virtual_host or "/")
         self.workers = WorkerStates(worker_timeout, forget_after, services={app.service})
         self.queues: list[QueueStats] = []
+        self.history: HistoryWatch | None = None
         self.errors = 0
         self.last_collection = 0.0
         self.last_duration = 0.0
@@ -134,13 +142,14 @@ class Exporter:
         started = time.monotonic()
         try:
             queues = self._from_management() if self.management else self._from_declares()
+            history = watch(self.app.history(), self._stream(), datetime.now(timezone.utc))
         except Exception as exc:
             with self._lock:
                 self.errors += 1
             logger.warning("collection failed: %s", exc)
             return
         with self._lock:
-            self.queues = queues
+            self.queues, self.history = queues, history
             self.last_duration = time.monotonic() - started
             self.last_collection = time.time()
 
@@ -170,6 +179,15 @@ class Exporter:
                     )
                 )
         return found
+
+    def _stream(self) -> dict[str, Any] | None:
+        """The management API's record of the history stream, if it can be read."""
+        if self.management is None:
+            return None
+        try:
+            return next((item for item in self.management.queues(self.vhost) if item["name"] == HISTORY_STREAM), None)
+        except ManagementError:
+            return None
 
     def _from_declares(self) -> list[QueueStats]:
         """Ready messages and consumers by passive declares. Only a 404 means a queue is missing; any other
@@ -232,7 +250,7 @@ class Exporter:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         with self._lock:
-            queues = list(self.queues)
+            queues, history = list(self.queues), self.history
             up, online = self.workers.snapshot(time.time())
             errors, last, duration, heartbeat = (
                 self.errors,
@@ -256,6 +274,7 @@ class Exporter:
             if stats.max_length is not None:
                 limit.add_metric(values, stats.max_length)
         yield from (ready, unacked, consumers, limit)
+        yield from _history_metrics(self.app.service, history)
         worker_up = GaugeMetricFamily(
             "amqp_events_worker_up", "1 while the worker's heartbeats arrive.", labels=["service", "worker"]
         )
@@ -292,6 +311,31 @@ class Exporter:
         self.start()
         server, _ = start_http_server(port, host, registry=registry)
         return server
+
+
+def _history_metrics(service: str, history: HistoryWatch | None) -> Iterator[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    families = {
+        "events": GaugeMetricFamily("amqp_events_history_events", "Events the history keeps (management API)."),
+        "oldest_age": GaugeMetricFamily(
+            "amqp_events_history_oldest_event_age_seconds", "Age of the oldest event the history keeps."
+        ),
+        "max_age": GaugeMetricFamily("amqp_events_history_max_age_seconds", "The history's retention by age."),
+    }
+    position = GaugeMetricFamily(
+        "amqp_events_history_replay_position_age_seconds",
+        "Age of the event an unfinished replay into the service goes on from.",
+        labels=["service"],
+    )
+    if history is not None:
+        for name, family in families.items():
+            value = getattr(history, name)
+            if value is not None:
+                family.add_metric([], value)
+        if history.replay_position_age is not None:
+            position.add_metric([service], history.replay_position_age)
+    yield from (*families.values(), position)
 
 
 def _max_length(queue: Queue) -> float | None:

@@ -6,6 +6,7 @@ Everything here is plain data; :func:`amqp_events.celery.events_app` applies it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -43,6 +44,10 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
 }
 
 SETTING_PREFIX = "amqp_events_"
+HISTORY = "amqp_events_history"
+#: What a dict given as ``amqp_events_history`` may set.
+HISTORY_RETENTION = ("max_age", "max_bytes", "segment_bytes")
+_MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,16 @@ class Settings:
     #: Queues a service's ordered handlers (``ordered_by``) share, each consumed by one worker at a time; keys
     #: fall into :data:`KEY_SLOTS` slots, shared out over them. Changing it moves keys between queues.
     partitions: int = 8
+    #: Keep every fired event in the vhost's history stream (``amqp_events.history``), which ``amqp-events
+    #: history`` searches and replays. ``amqp_events_history`` may also be a dict of the three retention
+    #: settings below without their prefix: ``{"max_age": "30D", "max_bytes": 50 * 1024**3}``.
+    history: bool = False
+    #: How long the history keeps an event: a number and one of ``Y M D h m s`` (RabbitMQ's ``x-max-age``).
+    history_max_age: str = "7D"
+    #: Bytes the history may take (each replica, on disk) before its oldest segment goes; 0: no bound but the age.
+    history_max_bytes: int = 10 * 1024**3
+    #: Bytes of one segment file: retention drops whole segments, so old events go in steps of this size.
+    history_segment_bytes: int = 100 * 1024**2
 
     def __post_init__(self) -> None:
         problems = []
@@ -143,6 +158,12 @@ class Settings:
             problems.append(f"wire_format must be 'celery' or 'cloudevents', not {self.wire_format!r}")
         if not 1 <= self.partitions <= KEY_SLOTS:
             problems.append(f"partitions must be between 1 and {KEY_SLOTS} (the key slots), not {self.partitions}")
+        if not _MAX_AGE.match(self.history_max_age):
+            problems.append(
+                f"history_max_age must be a number and one of Y M D h m s (like 7D), not {self.history_max_age!r}"
+            )
+        if self.history_max_bytes < 0 or self.history_segment_bytes < 1:
+            problems.append("history_max_bytes must be >= 0 (0: no bound) and history_segment_bytes >= 1")
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 
@@ -155,11 +176,26 @@ class Settings:
     def from_raw(cls, raw: Mapping[str, Any]) -> Settings:
         """The settings from :func:`raw_settings` values (``None``: not given)."""
         values = {}
+        raw = _with_history_expanded(raw)
         for field in fields(cls):
             key = SETTING_PREFIX + field.name
             if raw.get(key) is not None:
                 values[field.name] = _coerce(field.type, raw[key], key)
         return cls(**values)
+
+
+def _with_history_expanded(raw: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``amqp_events_history`` given as a dict: history on, with the retention settings it names."""
+    given = raw.get(HISTORY)
+    if not isinstance(given, Mapping):
+        return raw
+    unknown = set(given) - set(HISTORY_RETENTION)
+    if unknown:
+        raise ValueError(
+            f"{HISTORY} has unknown key(s) {', '.join(sorted(map(str, unknown)))}: "
+            f"it takes {', '.join(HISTORY_RETENTION)}"
+        )
+    return {**raw, HISTORY: True, **{f"{HISTORY}_{name}": value for name, value in given.items()}}
 
 
 def raw_settings(conf: Mapping[str, Any]) -> dict[str, Any]:

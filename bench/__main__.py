@@ -17,7 +17,7 @@ from pathlib import Path
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
-from bench import cloud_events, handling, in_process, ordering, outbox, scenarios, tracing
+from bench import cloud_events, handling, history, in_process, ordering, outbox, scenarios, tracing
 from bench import cluster as cluster_bench
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
@@ -62,6 +62,8 @@ def main() -> int:
             results += handling.backlog_side_by_side(bench, size)
         if wanted("ordered"):
             results += ordering.ordered_beside_unordered(bench, size)
+        if wanted("history"):
+            results.append(history.replay_beside_live(bench, size))
         if wanted("celery_line"):
             results.append(scenarios.solo_on_each_celery_line(bench, size))
         if wanted("outbox"):

@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from amqp_events import events_app
 from amqp_events.cli import main
 from amqp_events.testing import json_lines, wait_for
 
@@ -391,7 +393,7 @@ def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():
             neither.append(first)
     assert neither == []
     assert [name for name in named if f'"{name}"' not in tests] == []  # each named block is written by a test
-    assert (len(named), len(fragments)) == (21, 6)
+    assert (len(named), len(fragments)) == (23, 7)
 
 
 def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):
@@ -433,3 +435,33 @@ def test_every_test_the_readme_names_exists():
         if not re.search(rf"^def {test}\(", (ROOT / "tests" / module).read_text(), flags=re.M)
     ]
     assert missing == []
+
+
+def test_a_read_model_catches_up_from_the_history_as_written(tmp_path, start_worker, broker_url):
+    write_blocks(tmp_path, broker_url, "reports/celery.py", "reports/handlers.py")
+    billing = events_app("billing", broker_url=broker_url, amqp_events_history=True)
+    billing.declare_topology()
+    for invoice in (1, 2, 3):  # before the reports service exists
+        billing.fire("billing.invoice.paid", [invoice, f"{invoice}.00"])
+    commands = [line.strip() for line in section("Event history").splitlines() if line.startswith("    amqp-events")]
+    assert len(commands) == 2
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    amqp_events = str(Path(sys.executable).parent / "amqp-events")
+    for command in commands:
+        done = subprocess.run(
+            [amqp_events, *shlex.split(command)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "replayed 3 event(s) to reports" in done.stdout
+    worker = "celery -A reports.celery worker --without-mingle --without-heartbeat --without-gossip"
+    assert worker in section("Event history")
+    start_worker("reports.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    billing.fire("billing.invoice.paid", [4, "4.00"])  # live
+    billing.close()
+    database = sqlite3.connect(tmp_path / "reports.sqlite3")
+
+    def paid() -> list:
+        return database.execute("select invoice_id, amount from paid_invoices order by invoice_id").fetchall()
+
+    wait_for(lambda: len(paid()) >= 4, 60, what="the read model caught up and live")
+    assert paid() == [(1, "1.00"), (2, "2.00"), (3, "3.00"), (4, "4.00")]

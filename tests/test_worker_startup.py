@@ -7,8 +7,9 @@ from kombu import Connection
 
 from amqp_events import TopologyMismatch, events_app
 from amqp_events.settings import Settings
+from amqp_events.topology import service_topology
 from amqp_events.topology.declare import declare_topology
-from amqp_events.topology.layout import KEPT_AS_THEY_ARE, service_topology
+from amqp_events.topology.layout import KEPT_AS_THEY_ARE
 
 
 def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):

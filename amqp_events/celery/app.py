@@ -30,9 +30,10 @@ from amqp_events.celery.task import CONTROL_FLOW
 from amqp_events.clock import SYSTEM_CLOCK, Clock
 from amqp_events.core import firing
 from amqp_events.core.context import Middleware, Middlewares, ServiceContext
-from amqp_events.core.events import EventKey
+from amqp_events.core.events import EventKey, argument_names
 from amqp_events.core.handler import Handler
 from amqp_events.core.transport import Transport
+from amqp_events.history import History
 from amqp_events.inbox.base import DedupStore, TransactionalInbox
 from amqp_events.middleware import standard_middleware
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
@@ -363,6 +364,10 @@ class EventsApp(EventsCelery):
     def archive(self, service: str | None = None) -> Archive:
         """The archive of this service (or of ``service``, another one's on the same broker)."""
         return Archive(self.context, service)
+
+    def history(self) -> History:
+        """The vhost's event history (``amqp_events_history``): find, count and replay past events."""
+        return History(self.context, {name: argument_names(event) for name, event in self.declared_events.items()})
 
 
 def events_app(service: str, **celery_settings: Any) -> EventsApp:

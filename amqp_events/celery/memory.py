@@ -16,6 +16,8 @@ objects a worker declares (:mod:`amqp_events.topology`):
   ``-routing-key``) of expired and rejected messages, with ``x-death``;
 * consuming with acks and rejects; a requeued message goes back to the head
   of its queue with ``x-delivery-count`` counted up (quorum queues);
+* streams (``x-queue-type: stream``), which keep every message, read by
+  offset or arrival time (:meth:`MemoryBroker.read_stream`);
 * headers exchanges (``x-match: all``), as the ordered exchanges route by
   slot; and a message *held* unacked by its consumer until a time, the
   later messages of its key in that queue not given out before it
@@ -40,7 +42,7 @@ from amqp.exceptions import NotFound
 from kombu import Exchange
 from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExchange, ExchangeType, TopicExchange
 
-from amqp_events.core.transport import Browsed, StoredMessage
+from amqp_events.core.transport import Browsed, StoredMessage, StreamReading
 from amqp_events.topology import Topology
 from amqp_events.wire.message import EVENT_KEY, X_DEATH, X_DELIVERY_COUNT
 
@@ -290,6 +292,21 @@ class MemoryBroker:
             return lambda: messages.remove(envelope)
 
         yield ((envelope.stored(), removing(envelope)) for envelope in list(messages))
+
+    @contextmanager
+    def read_stream(self, stream: str, start: int | datetime) -> Iterator[StreamReading]:
+        """A stream's messages from an offset (its index: nothing is ever dropped here) or an arrival time."""
+        if stream not in self.queues:
+            raise NotFound(f"NOT_FOUND - no queue '{stream}' in vhost", reply_code=404)
+        messages = list(self.queues[stream].messages)
+        yield StreamReading(
+            len(messages) - 1,
+            (
+                (offset, envelope.stored())
+                for offset, envelope in enumerate(messages)
+                if (offset >= start if isinstance(start, int) else (envelope.enqueued_at or start) >= start)
+            ),
+        )
 
     def count(self, queue: str) -> int:
         if queue not in self.queues:

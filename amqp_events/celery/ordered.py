@@ -246,7 +246,7 @@ def takes_part(action: Action, parking: Parking, partition: str, key: str, messa
         parking.release(partition, key)
     elif action is Action.DROP:
         logger.info("key %r no longer waits for %s: release command dropped", key, message.headers.get("id"))
-    return action not in (Action.PARK, Action.RELEASE, Action.DROP)
+    return action not in (Action.PARK, Action.RELEASE, Action.DROP, Action.DONE)
 
 
 def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:

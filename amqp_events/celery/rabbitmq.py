@@ -5,13 +5,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from celery import Celery
 from kombu.exceptions import OperationalError
 
+from amqp_events.celery import streams
 from amqp_events.celery.publisher import ConfirmedBatchPublisher, Publisher
-from amqp_events.core.transport import Browsed, StoredMessage
+from amqp_events.core.transport import Browsed, StoredMessage, StreamReading
 from amqp_events.errors import PublishError
 from amqp_events.topology import Topology
 from amqp_events.topology.declare import declare_topology
@@ -57,6 +59,11 @@ class RabbitMQ:
         with self.app.connection_for_write() as connection:
             channel: Any = connection.default_channel
             return int(channel.queue_declare(queue, passive=True).message_count)
+
+    @contextmanager
+    def read_stream(self, stream: str, start: int | datetime) -> Iterator[StreamReading]:
+        with self.app.connection_for_write() as connection, streams.read_stream(connection, stream, start) as reading:
+            yield reading
 
     def close(self) -> None:
         self.publisher.close()

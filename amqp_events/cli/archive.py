@@ -256,10 +256,18 @@ def archive_parked(wait: float) -> None:
                 continue
             for partition, keys in answer["partitions"].items():
                 read.add(partition)
-                rows.extend([key, partition, parked["head"], str(parked["waiting"])] for key, parked in keys.items())
+                rows.extend(
+                    [key or "(every key)", partition, _waiting_for(key, parked["head"]), str(parked["waiting"])]
+                    for key, parked in keys.items()
+                )
     _table(["KEY", "PARTITION", "WAITING FOR", "EVENTS WAITING"], sorted(rows))
-    click.echo(f"{len(rows)} parked key(s)")
+    click.echo(f"{sum(row[0] != '(every key)' for row in rows)} parked key(s)")
     for partition in range(app.context.settings.partitions):
         queue = parked_queue_name(app.service, partition)
         if queue.removesuffix(".parked") not in read and (count := app.transport.count(queue)):
             click.echo(f"{queue}: {count} message(s), not read by a worker since it connected")
+
+
+def _waiting_for(key: str, head: str) -> str:
+    """What a parked sequence waits for: an archived event, or (the gate, no key) a history replay to finish."""
+    return head if key else f"history replay {head}"

@@ -185,3 +185,10 @@ def field_names(cls: type) -> set[str]:
 def _pydantic_payload(instance: Any) -> dict[str, Any]:
     # JSON mode turns UUIDs, datetimes and nested models into plain JSON values.
     return dict(instance.model_dump(mode="json"))
+
+
+def argument_names(fireable: Any) -> tuple[str, ...]:
+    """The names of a declared event's arguments (what ``@app.event`` made), in order."""
+    if isinstance(fireable, Event):
+        return tuple(inspect.signature(fireable.validate).parameters)
+    return tuple(sorted(field_names(fireable))) if isinstance(fireable, type) else ()

@@ -128,10 +128,15 @@ class Handler:
         except Exception as exc:
             raise BadArguments(f"{self.name}: no key ({ordered_by!r}) in this payload: {exc!r}") from exc
 
-    def _payload_names(self) -> set[str]:
+    @cached_property
+    def argument_names(self) -> tuple[str, ...]:
+        """The names of its event's arguments, in order (without the inbox's handle)."""
         if self.event_class is not None:
-            return field_names(self.event_class)
-        return set(list(self.signature.parameters)[int(self.inbox is not None) :])
+            return tuple(field_names(self.event_class))
+        return tuple(list(self.signature.parameters)[int(self.inbox is not None) :])
+
+    def _payload_names(self) -> set[str]:
+        return set(self.argument_names)
 
     def _takes_a_handle(self) -> bool:
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

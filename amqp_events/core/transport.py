@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from amqp_events.topology import Topology
@@ -31,6 +32,15 @@ class StoredMessage:
 
 #: Browsing a queue yields each message with a function that removes it for good.
 Browsed = Iterator[tuple[StoredMessage, Callable[[], None]]]
+
+
+@dataclass
+class StreamReading:
+    """Reading a stream: its messages from where the reading started up to ``end``, each with its offset."""
+
+    #: The offset of the stream's last message when the reading began (-1: the stream was empty).
+    end: int
+    messages: Iterator[tuple[int, StoredMessage]]
 
 
 class BatchPublisher(Protocol):
@@ -66,5 +76,9 @@ class Transport(Protocol):
 
     def count(self, queue: str) -> int:
         """Messages in ``queue`` right now."""
+
+    def read_stream(self, stream: str, start: int | datetime) -> AbstractContextManager[StreamReading]:
+        """The messages of ``stream`` from offset ``start`` (or from the time ``start``, give or take a few
+        earlier ones) up to its last one now; a stream does not lose what is read."""
 
     def close(self) -> None: ...

@@ -7,6 +7,13 @@ message of the partition (after each connection), then keeps it up to date
 itself. A marker message per parked key gives the head's id; the events
 behind it follow in order. Reads take every message and give back those
 not removed, in their order (:meth:`~amqp_events.core.transport.Transport.browse`).
+
+A history replay to the ordered handlers closes a *gate* in each partition
+before any live event can reach it (:mod:`amqp_events.history.replay`):
+until the replay opens it again, the events that did not come from the
+replay wait behind it, in the order they came (a parked sequence of its
+own, :data:`~amqp_events.ordering.sequences.GATE`), then go on the same
+way as a parked key's. So the past of every key runs before its present.
 """
 
 from __future__ import annotations
@@ -23,10 +30,10 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.core.settle import publish_routed
 from amqp_events.core.transport import StoredMessage
 from amqp_events.metrics import record_parked_keys
-from amqp_events.ordering.sequences import Action, Sequence, decide
+from amqp_events.ordering.sequences import GATE, Action, Gate, Sequence, decide, through_gate, without_gate_marks
 from amqp_events.topology.names import parked_queue_of
 from amqp_events.wire.message import EVENT_KEY, OutgoingMessage
-from amqp_events.wire.parking import PARKED_HEAD, PARKED_SEQ, RELEASED_BEHIND, RELEASED_LAST
+from amqp_events.wire.parking import HELD_LIVE, HOLD_LIVE, PARKED_HEAD, PARKED_SEQ, RELEASED_BEHIND, RELEASED_LAST
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +53,35 @@ class Parking:
     def admit(self, partition: str, key: str, event_id: str, headers: Mapping[str, Any]) -> Action:
         """What to do with a message of ``key`` that ``partition`` gave."""
         with self._partition(partition) as sequences:
-            return decide(sequences.get(key), event_id, headers)
+            gate = sequences.get(GATE)
+            passing = through_gate(gate, headers)
+            if passing is Gate.HOLD:
+                if gate is None or gate.head != headers[HOLD_LIVE]:
+                    self._mark(partition, GATE, str(headers[HOLD_LIVE]), sequences)
+                return Action.DONE
+            if passing is Gate.OPEN:
+                self._release(partition, GATE, sequences)
+                return Action.DONE
+            if passing is Gate.WAIT:
+                return Action.PARK
+            if gate is not None and headers.get(RELEASED_BEHIND) == gate.head and headers.get(RELEASED_LAST):
+                self._release(partition, GATE, sequences)  # the last one the gate let go: the next ones, or it opens
+            return decide(sequences.get(key), event_id, without_gate_marks(gate, headers))
 
     def park(self, partition: str, key: str, message: StoredMessage) -> None:
-        """Append ``message`` to the events waiting behind ``key``'s head (then ack it)."""
+        """Append ``message`` to the events waiting behind ``key``'s head, or behind the partition's gate (then
+        ack it)."""
         with self._partition(partition) as sequences:
-            sequence = sequences[key]
-            headers = {name: value for name, value in message.headers.items() if not name.startswith("x-")}
+            held = through_gate(sequences.get(GATE), message.headers) is Gate.WAIT
+            sequence = sequences[GATE if held else key]
+            headers = {name: value for name, value in message.headers.items() if not _obsolete(name)}
+            if held:
+                headers[HELD_LIVE] = sequence.head
             headers[PARKED_SEQ] = sequence.next_seq
             self._put(partition, StoredMessage(headers, message.body, message.content_type, message.content_encoding))
             sequence.take_seq()
             sequence.parked += 1
-            logger.info("event %s of key %r parked in %s", headers.get("id"), key, parked_queue_of(partition))
+            logger.info("event %s of key %r waits in %s", headers.get("id"), key, parked_queue_of(partition))
 
     def release(self, partition: str, key: str) -> None:
         """``key``'s head was discarded: release what waits behind it."""
@@ -101,7 +125,7 @@ class Parking:
                 sequences = self._load(partition)
                 with self._guard:
                     self._sequences[partition] = sequences
-                record_parked_keys(self.context.name, partition, len(sequences))
+                record_parked_keys(self.context.name, partition, _keys(sequences))
             yield sequences
 
     def _load(self, partition: str) -> dict[str, Sequence]:
@@ -109,7 +133,7 @@ class Parking:
         marked: dict[str, int] = {}  # the place of the latest marker of each key
         with self.context.transport.browse(parked_queue_of(partition)) as messages:
             for message, _ in messages:
-                key, seq = str(message.headers.get(EVENT_KEY)), int(message.headers.get(PARKED_SEQ) or 0)
+                key, seq = _sequence_of(message.headers), int(message.headers.get(PARKED_SEQ) or 0)
                 head = message.headers.get(PARKED_HEAD)
                 sequence = sequences.setdefault(key, Sequence(head or ""))
                 sequence.next_seq = max(sequence.next_seq, seq + 1)
@@ -136,8 +160,11 @@ class Parking:
             self._remove(partition, key, markers=True, keep=head)
         sequence.head = head
         sequences[key] = sequence
-        record_parked_keys(self.context.name, partition, len(sequences))
-        logger.warning("key %r parked in %s behind archived event %s", key, partition, head)
+        record_parked_keys(self.context.name, partition, _keys(sequences))
+        if key == GATE:
+            logger.warning("%s: events not from history replay %s wait until it is done", partition, head)
+        else:
+            logger.warning("key %r parked in %s behind archived event %s", key, partition, head)
 
     def _release(self, partition: str, key: str, sequences: dict[str, Sequence]) -> None:
         """Send ``key``'s parked events back to ``partition`` in order; with none left, the key goes on."""
@@ -145,25 +172,27 @@ class Parking:
         if not sequence.parked:
             self._remove(partition, key, markers=True)
             del sequences[key]
-            record_parked_keys(self.context.name, partition, len(sequences))
-            logger.warning("key %r of %s goes on: nothing waits behind %s any more", key, partition, sequence.head)
+            record_parked_keys(self.context.name, partition, _keys(sequences))
+            logger.warning("%s of %s goes on: nothing waits behind %s any more", _named(key), partition, sequence.head)
             return
         with self.context.transport.browse(parked_queue_of(partition)) as messages:
             waiting = sorted(
                 (
                     (message, remove)
                     for message, remove in messages
-                    if str(message.headers.get(EVENT_KEY)) == key and PARKED_HEAD not in message.headers
+                    if _sequence_of(message.headers) == key and PARKED_HEAD not in message.headers
                 ),
                 key=lambda found: int(found[0].headers.get(PARKED_SEQ) or 0),
             )
             for number, (message, remove) in enumerate(waiting, 1):
                 marks = {RELEASED_BEHIND: sequence.head, **({RELEASED_LAST: True} if number == len(waiting) else {})}
-                headers = {name: value for name, value in message.headers.items() if name != PARKED_SEQ}
+                headers = {
+                    name: value for name, value in message.headers.items() if name not in (PARKED_SEQ, HELD_LIVE)
+                }
                 publish_routed(self.context, outgoing(partition, replace(message, headers=headers), marks))
                 remove()
                 sequence.parked -= 1
-        logger.warning("released %d event(s) of key %r parked behind %s", len(waiting), key, sequence.head)
+        logger.warning("released %d event(s) of %s parked behind %s", len(waiting), _named(key), sequence.head)
 
     def _remove(self, partition: str, key: str, markers: bool, keep: str | None = None) -> None:
         with self.context.transport.browse(parked_queue_of(partition)) as messages:
@@ -174,6 +203,25 @@ class Parking:
 
     def _put(self, partition: str, message: StoredMessage) -> None:
         publish_routed(self.context, outgoing(parked_queue_of(partition), message))
+
+
+def _sequence_of(headers: Mapping[str, Any]) -> str:
+    """The parked sequence a message of a parked queue belongs to: its key's, or the gate's."""
+    return GATE if HELD_LIVE in headers else str(headers.get(EVENT_KEY))
+
+
+def _obsolete(header: str) -> bool:
+    """Does a message being parked lose this header? The broker's, and the marks of an earlier release."""
+    return header.startswith("x-") or header in (RELEASED_BEHIND, RELEASED_LAST)
+
+
+def _keys(sequences: Mapping[str, Sequence]) -> int:
+    """How many keys are parked (the gate is not a key)."""
+    return len(sequences) - (GATE in sequences)
+
+
+def _named(key: str) -> str:
+    return "the replay gate" if key == GATE else f"key {key!r}"
 
 
 def outgoing(queue: str, message: StoredMessage, marks: dict[str, Any] | None = None) -> OutgoingMessage:

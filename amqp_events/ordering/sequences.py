@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from amqp_events.wire.parking import RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
+from amqp_events.wire.parking import HISTORY_REPLAY, HOLD_LIVE, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
+
+#: The parked sequence of a partition's replay gate (no key is empty): while a history replay runs, the events
+#: that did not come from it wait behind it.
+GATE = ""
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Action(Enum):
     RELEASE = "release"
     #: A command about a head its key no longer waits for: nothing to do.
     DROP = "drop"
+    #: A command carried out (a replay's gate closed or opened): nothing to run.
+    DONE = "done"
 
 
 def decide(sequence: Sequence | None, event_id: str, headers: Mapping[str, Any]) -> Action:
@@ -62,3 +68,37 @@ def decide(sequence: Sequence | None, event_id: str, headers: Mapping[str, Any])
     if headers.get(RELEASED_BEHIND) == sequence.head:
         return last
     return Action.PARK
+
+
+class Gate(Enum):
+    """What a partition's replay gate makes of a message, before its key's sequence has a say."""
+
+    #: Close the gate (or move it to another replay): a command.
+    HOLD = "hold"
+    #: Open the gate: the replay is done, what it held goes on (a command).
+    OPEN = "open"
+    #: Hold it behind the gate: an event that did not come from the replay.
+    WAIT = "wait"
+    #: On to its key's decision (no gate, a replayed event, or one the gate let go).
+    PASS = "pass"
+
+
+def through_gate(gate: Sequence | None, headers: Mapping[str, Any]) -> Gate:
+    """What the gate ``gate`` (``None``: open) of a partition makes of a message with these headers."""
+    if headers.get(HOLD_LIVE) is not None:
+        return Gate.HOLD
+    if gate is None:
+        return Gate.PASS
+    if headers.get(RELEASE_PARKED) == gate.head:
+        return Gate.OPEN
+    passing = (headers.get(HISTORY_REPLAY), headers.get(RELEASED_BEHIND), headers.get(RELEASE_PARKED))
+    if gate.head in passing[:2] or passing[2] is not None:  # replayed, let go, or a key's release command
+        return Gate.PASS
+    return Gate.WAIT
+
+
+def without_gate_marks(gate: Sequence | None, headers: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``headers`` without the marks of the gate's release (what its key's decision reads)."""
+    if gate is None or headers.get(RELEASED_BEHIND) != gate.head:
+        return headers
+    return {name: value for name, value in headers.items() if name not in (RELEASED_BEHIND, RELEASED_LAST)}

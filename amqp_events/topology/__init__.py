@@ -7,7 +7,7 @@
 * :mod:`~amqp_events.topology.check`: comparing it with what a live broker has.
 """
 
-from amqp_events.topology.layout import Binding, Topology, service_topology
+from amqp_events.topology.layout import Binding, Topology
 from amqp_events.topology.names import (
     archive_queue_name,
     check_event_name,
@@ -17,6 +17,7 @@ from amqp_events.topology.names import (
     parked_queue_name,
     partition_queue_name,
 )
+from amqp_events.topology.service import service_topology
 
 __all__ = [
     "Binding",

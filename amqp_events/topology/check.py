@@ -195,7 +195,8 @@ def _replicas(queue: Queue, current: dict[str, Any], group_size: int, nodes: int
                 f"`rabbitmq-queues add_member {queue.name!r} NODE`",
             )
         )  # fmt: skip
-    if not current.get("leader"):
+    stream_leader = current.get("node") if current.get("type") == "stream" else None  # a stream says "node"
+    if not (current.get("leader") or stream_leader):
         found.append(Difference("leaderless", "queue", queue.name, "no leader: it delivers nothing"))
     offline = sorted(set(members) - set(online))
     if offline:

@@ -15,6 +15,9 @@ layout (README, "Topology") for a service ``orders`` handling ``E`` events:
   per partition, when the service has ordered handlers: their events go there
   instead of to ``orders:<event>``.
 * ``orders.archive`` (quorum queue, bounded by TTL and length).
+* With history on: ``amqp_events.history`` (a stream shared by the vhost's
+  services) bound to ``events`` with ``#`` and to the delivery exchange for
+  delayed fires, and ``orders.history.cursor`` (how far a replay got).
 * The delay ladder (:mod:`amqp_events.topology.delays`): 22 exchanges and 22 quorum
   queues shared by every service on the vhost, the delivery exchange, and
   ``amqp_events.unroutable`` for delayed messages whose destination is gone.
@@ -23,7 +26,6 @@ layout (README, "Topology") for a service ``orders`` handling ``E`` events:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kombu import Exchange, Queue
@@ -31,16 +33,8 @@ from kombu import Exchange, Queue
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.names import (
-    EVENT_SLOT_HEADER,
-    SLOTS,
     archive_queue_name,
-    check_service_name,
     event_queue_name,
-    intake_queue_name,
-    ordered_exchange_name,
-    parked_queue_name,
-    partition_queue_name,
-    workers_queue_name,
 )
 
 #: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
@@ -52,9 +46,11 @@ PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
 #: back) would lose a message on its 21st read. (-1, "no limit" on 4.0, means 0 on 3.10.)
 DELIVERY_LIMIT = "x-delivery-limit"
 NO_DELIVERY_LIMIT = 2**31 - 1
+#: The history's retention: the first service to declare it sets it, the others keep it (a policy changes it).
+RETENTION = ("x-max-age", "x-max-length-bytes", "x-stream-max-segment-size-bytes")
 #: Arguments an existing queue may lack (created by an earlier version, or by hand) or have otherwise: it is kept
 #: as it is (see :func:`amqp_events.topology.declare.declare_topology`), and ``topology check`` notes it.
-KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT)
+KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT, *RETENTION)
 #: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
 SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
@@ -231,91 +227,6 @@ def delivery_bindings(queue: Queue, event: str | None) -> list[Binding]:
     ]
 
 
-def ordered_partitions(
-    service: str, events: Iterable[str], settings: Settings
-) -> tuple[list[Exchange], list[Queue], list[Binding]]:
-    """The ordered exchange of ``service``, bound to the ``events`` handled in order, its partitions and its
-    intake queue.
-
-    The exchange (a headers exchange) sends each message to the partition
-    of its key's slot (the ``event_slot`` header): slot ``s`` to partition
-    ``s % partitions``, whatever happens to the broker. A message without a
-    slot goes to the intake queue, where a worker gives it one. Each queue
-    has one active consumer at a time, so its messages are taken in the
-    order the broker accepted them.
-    """
-    intake = Exchange(intake_queue_name(service), "fanout", durable=True, auto_delete=False)
-    exchange = Exchange(
-        ordered_exchange_name(service),
-        "headers",
-        durable=True,
-        auto_delete=False,
-        arguments={"alternate-exchange": intake.name},
-    )
-    delivery = delivery_exchange()
-    bindings: list[Binding] = []
-    for event in sorted(set(events)):
-        bindings.append(Binding(events_exchange(settings), exchange, event))
-        bindings.append(Binding(delivery, exchange, delays.destination_pattern(delays.event_destination(event))))
-    queues = [one_at_a_time(intake_queue_name(service), intake, "", None, settings)]
-    bindings.extend(delivery_bindings(queues[0], None))
-    for partition in range(settings.partitions):
-        slots = [str(slot) for slot in range(partition, SLOTS, settings.partitions)]
-        name = partition_queue_name(service, partition)
-        queue = one_at_a_time(name, exchange, slots[0], slot_match(slots[0]), settings)
-        queues.append(queue)
-        bindings.extend(Binding(exchange, queue, slot, slot_match(slot)) for slot in slots[1:])
-        bindings.extend(delivery_bindings(queue, None))
-    return [intake, exchange], queues, bindings
-
-
-def one_at_a_time(
-    name: str, exchange: Exchange, routing_key: str, arguments: dict[str, str] | None, settings: Settings
-) -> Queue:
-    """A queue of the ordered handlers: one consumer at a time takes its messages, in order."""
-    return Queue(
-        name,
-        exchange=exchange,
-        routing_key=routing_key,
-        binding_arguments=arguments,
-        durable=True,
-        auto_delete=False,
-        queue_arguments={**consumed_queue_arguments(name, settings), "x-single-active-consumer": True},
-    )
-
-
-def slot_match(slot: str) -> dict[str, str]:
-    """A binding of the ordered exchange: messages of this slot (the slot is its routing key too, to read)."""
-    return {"x-match": "all", EVENT_SLOT_HEADER: slot}
-
-
-def workers_queue(service: str, settings: Settings) -> Queue:
-    """Consumed by every worker of ``service`` (and never given a message): its consumers are its workers."""
-    name = workers_queue_name(service)
-    return Queue(
-        name, exchange=Exchange(""), routing_key=name, durable=True, auto_delete=False, queue_arguments=quorum(settings)
-    )
-
-
-def parked_queues(service: str, settings: Settings) -> list[Queue]:
-    """One per partition: the events of keys parked behind an archived event, in order, with a marker per key.
-
-    Only the worker consuming the partition reads and writes it. Unbounded:
-    a parked event is an event not yet handled.
-    """
-    return [
-        Queue(
-            name,
-            exchange=Exchange(""),
-            routing_key=name,
-            durable=True,
-            auto_delete=False,
-            queue_arguments=quorum(settings),
-        )
-        for name in (parked_queue_name(service, partition) for partition in range(settings.partitions))
-    ]
-
-
 def archive_queue(service: str, settings: Settings) -> Queue:
     return Queue(
         archive_queue_name(service),
@@ -327,30 +238,4 @@ def archive_queue(service: str, settings: Settings) -> Queue:
             **quorum(settings),
             **bounded(settings.archive_ttl_ms, settings.archive_max_length),
         },
-    )
-
-
-def service_topology(service: str, events: Iterable[str], settings: Settings, ordered: Iterable[str] = ()) -> Topology:
-    """The topology of ``service`` handling ``events``, those in ``ordered`` one at a time per key."""
-    exchanges, queues, bindings = delay_ladder(settings)
-    ordered = set(ordered)
-    event_queues = []
-    for event in sorted(set(events) - ordered):
-        queue, its_bindings = event_queue(service, event, settings)
-        event_queues.append(queue)
-        bindings.extend(its_bindings)
-    if ordered:
-        its_exchanges, partitions, its_bindings = ordered_partitions(service, ordered, settings)
-        exchanges.extend(its_exchanges)
-        event_queues.extend(partitions)
-        bindings.extend(its_bindings)
-        queues.extend([*parked_queues(service, settings), workers_queue(service, settings)])
-    archive = archive_queue(service, settings)
-    return Topology(
-        service=check_service_name(service),
-        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange()),
-        queues=(*queues, archive, *event_queues),
-        bindings=tuple(bindings),
-        event_queues=tuple(event_queues),
-        archive=archive,
     )

@@ -114,3 +114,12 @@ def parked_queue_of(partition_queue: str) -> str:
 
 def is_parked_queue(name: str, service: str) -> bool:
     return name.startswith(f"{ordered_exchange_name(service)}.") and name.endswith(".parked")
+
+
+#: The stream that keeps every fired event of the vhost, when a service asks for history (``amqp_events_history``).
+HISTORY_STREAM = f"{delays.PREFIX}.history"
+
+
+def history_cursor_queue_name(service: str) -> str:
+    """Where ``history replay`` keeps how far a replay into ``service`` got (the last word only)."""
+    return f"{check_service_name(service)}.history.cursor"

@@ -22,5 +22,23 @@ RELEASED_LAST = "released_last"
 #: was discarded from the archive).
 RELEASE_PARKED = "release_parked"
 
+#: On a copy of an event a history replay sent (:mod:`amqp_events.history`): the replay's gate.
+HISTORY_REPLAY = "history_replay"
+#: On a command to a partition: from here on, hold the events that did not come from this history replay (the
+#: value, its gate) until the replay is done (``release_parked`` with the same value): they wait in the parked
+#: queue, behind the replay's gate, so that no key's live event runs before its replayed past.
+HOLD_LIVE = "hold_live"
+#: On a message of a parked queue: it waits behind a replay's gate (the value), not behind an archived event.
+HELD_LIVE = "held_live"
+
 #: Headers that belong to one copy of a message, never to its retries, replays or archived copies.
-PARKING_HEADERS = (PARKS_KEY, PARKED_HEAD, PARKED_SEQ, RELEASED_BEHIND, RELEASED_LAST, RELEASE_PARKED)
+PARKING_HEADERS = (
+    PARKS_KEY,
+    PARKED_HEAD,
+    PARKED_SEQ,
+    RELEASED_BEHIND,
+    RELEASED_LAST,
+    RELEASE_PARKED,
+    HOLD_LIVE,
+    HELD_LIVE,
+)

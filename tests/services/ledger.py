@@ -13,6 +13,7 @@ app = events_app(
     amqp_events_max_retries=int(os.environ.get("MAX_RETRIES", "3")),
     amqp_events_backoff_base=1.0,
     amqp_events_partitions=int(os.environ.get("PARTITIONS", "4")),
+    amqp_events_history=os.environ.get("HISTORY") == "1",
 )
 
 

@@ -5,7 +5,7 @@ import os
 from amqp_events.celery import events_app
 from services.behaviour import behave
 
-app = events_app("shipping", broker_url=os.environ["BROKER_URL"])
+app = events_app("shipping", broker_url=os.environ["BROKER_URL"], amqp_events_history=os.environ.get("HISTORY") == "1")
 
 
 @app.handler("test.ping", bind=True)

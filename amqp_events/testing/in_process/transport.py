@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from kombu.serialization import dumps
@@ -55,6 +55,9 @@ class InProcessTransport:
 
     def count(self, queue: str) -> int:
         return self.broker.count(queue)
+
+    def read_stream(self, stream: str, start: int | datetime) -> Any:
+        return self.broker.read_stream(stream, start)
 
     def close(self) -> None:
         pass

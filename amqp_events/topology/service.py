@@ -1,0 +1,48 @@
+"""A service's whole topology: the shared parts, its queues, its ordered partitions and the history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from amqp_events.settings import Settings
+from amqp_events.topology.history import history_cursor_queue, history_stream
+from amqp_events.topology.layout import (
+    Topology,
+    archive_queue,
+    delay_ladder,
+    event_queue,
+    events_exchange,
+    heartbeats_exchange,
+)
+from amqp_events.topology.names import check_service_name
+from amqp_events.topology.ordered import ordered_partitions, parked_queues, workers_queue
+
+
+def service_topology(service: str, events: Iterable[str], settings: Settings, ordered: Iterable[str] = ()) -> Topology:
+    """The topology of ``service`` handling ``events``, those in ``ordered`` one at a time per key."""
+    exchanges, queues, bindings = delay_ladder(settings)
+    ordered = set(ordered)
+    event_queues = []
+    for event in sorted(set(events) - ordered):
+        queue, its_bindings = event_queue(service, event, settings)
+        event_queues.append(queue)
+        bindings.extend(its_bindings)
+    if ordered:
+        its_exchanges, partitions, its_bindings = ordered_partitions(service, ordered, settings)
+        exchanges.extend(its_exchanges)
+        event_queues.extend(partitions)
+        bindings.extend(its_bindings)
+        queues.extend([*parked_queues(service, settings), workers_queue(service, settings)])
+    if settings.history:
+        stream, its_bindings = history_stream(settings)
+        queues.extend([stream, history_cursor_queue(service, settings)])
+        bindings.extend(its_bindings)
+    archive = archive_queue(service, settings)
+    return Topology(
+        service=check_service_name(service),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange()),
+        queues=(*queues, archive, *event_queues),
+        bindings=tuple(bindings),
+        event_queues=tuple(event_queues),
+        archive=archive,
+    )
