@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import socket
 import time
 import uuid
@@ -35,6 +36,8 @@ from amqp_events.topology import service_topology
 from amqp_events.topology.names import HISTORY_STREAM, history_cursor_queue_name, slot_of
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, copy_headers, event_key
 from amqp_events.wire.parking import HISTORY_REPLAY
+
+logger = logging.getLogger(__name__)
 
 #: Seconds between the service's topology being declared and the end of the history being read: what an event
 #: routed just before the declaration takes to be written to the stream (so the two overlap instead of leaving a gap).
@@ -131,6 +134,14 @@ class HistoryReplay:
             report = ReplayReport(uuid.uuid4().hex[:12])
             start = start_of(self.query)
         report.partitions_existed = existed
+        logger.warning(
+            "history replay %s into %s by %s, from %s%s",
+            report.replay,
+            context.name,
+            self.by,
+            start,
+            "" if report.resumed_from is None else " (going on after an interruption)",
+        )
         if ordered is not None:
             gates.close_gates(context, ordered, report.replay)
         transport.declare(topology)
