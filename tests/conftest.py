@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import time
@@ -195,3 +196,20 @@ def value(metrics: dict[str, float], name: str, **labels: str) -> float:
         if series == name and all(have.get(k) == v for k, v in labels.items()):
             total += number
     return total
+
+
+@contextlib.contextmanager
+def effects_tables(url: str) -> Iterator[Any]:
+    """An engine on ``url`` with the test services' effects table and the inbox table created."""
+    from services.effects import metadata
+    from sqlalchemy import create_engine
+
+    from amqp_events.inbox.sql import InboxTable
+
+    engine = create_engine(url)
+    metadata.create_all(engine)
+    InboxTable(engine).create()
+    try:
+        yield engine
+    finally:
+        engine.dispose()

@@ -13,25 +13,20 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from amqp.exceptions import NotFound
-from conftest import TESTS
-from services.effects import metadata
-from sqlalchemy import create_engine, func, select, text
+from conftest import TESTS, effects_tables
+from sqlalchemy import func, select, text
 from test_contract import mode  # noqa: F401  # the contract's two modes
 
 from amqp_events import events_app
 from amqp_events.exporter import Exporter
 from amqp_events.history import Query
-from amqp_events.inbox.sql import InboxTable
 from amqp_events.testing import wait_for
 
 
 @pytest.fixture
 def effects_db(postgres_url):
-    engine = create_engine(postgres_url)
-    metadata.create_all(engine)
-    InboxTable(engine).create()
-    yield engine
-    engine.dispose()
+    with effects_tables(postgres_url) as engine:
+        yield engine
 
 
 def effects(engine) -> tuple[int, int]:

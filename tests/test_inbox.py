@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import TESTS, wait_archived
+from conftest import TESTS, effects_tables, wait_archived
 from services.effects import metadata
 from sqlalchemy import create_engine, func, insert, select, text
 
@@ -21,11 +21,8 @@ from amqp_events.testing import wait_for
 @pytest.fixture
 def effects_db(database):
     """The test's database with the effects table and the inbox table."""
-    engine = create_engine(database)
-    metadata.create_all(engine)
-    InboxTable(engine).create()
-    yield engine
-    engine.dispose()
+    with effects_tables(database) as engine:
+        yield engine
 
 
 @pytest.fixture

@@ -36,14 +36,19 @@ class HistoricEvent:
     message: StoredMessage = field(repr=False)
 
     @cached_property
+    def _arguments(self) -> tuple[list[Any] | None, dict[str, Any] | None]:
+        """Its body decoded, once, and only when a filter or a key needs it."""
+        return _arguments(self.message)
+
+    @property
     def args(self) -> list[Any] | None:
         """Its positional arguments, when its body is readable (JSON, or a CloudEvent's data)."""
-        return _arguments(self.message)[0]
+        return self._arguments[0]
 
-    @cached_property
+    @property
     def kwargs(self) -> dict[str, Any] | None:
         """Its keyword arguments, when its body is readable."""
-        return _arguments(self.message)[1]
+        return self._arguments[1]
 
     @classmethod
     def read(cls, offset: int, message: StoredMessage) -> HistoricEvent:
