@@ -174,8 +174,10 @@ def test_find_show_and_stats_print_json_and_the_exporter_tells_the_history_s_age
         exporter.collect_once()
         return {family.name: family.samples for family in exporter.collect()}
 
-    # The management API counts a new stream's messages after a few seconds.
-    exported = wait_for(lambda: (found := collected())["amqp_events_history_events"] and found, 30)
+    def counted(found: dict) -> bool:  # the management API counts a new stream's messages after a few seconds
+        return any(sample.value == 5 for sample in found["amqp_events_history_events"])
+
+    exported = wait_for(lambda: (found := collected()) and counted(found) and found, 30)
     teller.close()
     assert exported["amqp_events_history_events"][0].value == 5
     assert exported["amqp_events_history_max_age_seconds"][0].value == 7 * 86400
