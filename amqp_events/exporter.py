@@ -141,8 +141,10 @@ class Exporter:
     def collect_once(self) -> None:
         started = time.monotonic()
         try:
-            queues = self._from_management() if self.management else self._from_declares()
-            history = watch(self.app.history(), self._stream(), datetime.now(timezone.utc))
+            listing = self._listing()
+            queues = self._from_declares() if listing is None else self._from_management(listing)
+            stream = None if listing is None else listing.get(HISTORY_STREAM)
+            history = watch(self.app.history(), stream, datetime.now(timezone.utc))
         except Exception as exc:
             with self._lock:
                 self.errors += 1
@@ -157,13 +159,17 @@ class Exporter:
         while not self._stop.wait(self.interval):
             self.collect_once()
 
-    def _from_management(self) -> list[QueueStats]:
-        assert self.management is not None
+    def _listing(self) -> dict[str, dict[str, Any]] | None:
+        """The management API's record of every queue of the vhost, by name; ``None`` if it cannot be read."""
+        if self.management is None:
+            return None
         try:
-            live = {item["name"]: item for item in self.management.queues(self.vhost)}
+            return {item["name"]: item for item in self.management.queues(self.vhost)}
         except ManagementError:
             logger.warning("management API unavailable: ready messages and consumers only, from passive declares")
-            return self._from_declares()
+            return None
+
+    def _from_management(self, live: dict[str, dict[str, Any]]) -> list[QueueStats]:
         found = []
         for queue in self.topology.queues:
             item = live.get(queue.name)
@@ -179,15 +185,6 @@ class Exporter:
                     )
                 )
         return found
-
-    def _stream(self) -> dict[str, Any] | None:
-        """The management API's record of the history stream, if it can be read."""
-        if self.management is None:
-            return None
-        try:
-            return next((item for item in self.management.queues(self.vhost) if item["name"] == HISTORY_STREAM), None)
-        except ManagementError:
-            return None
 
     def _from_declares(self) -> list[QueueStats]:
         """Ready messages and consumers by passive declares. Only a 404 means a queue is missing; any other

@@ -26,6 +26,9 @@ def test_each_account_is_handled_in_order_through_retries_on_every_pool(pool, wo
     wait_for(lambda: all_succeeded(records, fired), 120, what="every event handled")
     check_order(records, fired)
     assert all(w.is_running() for w in workers)
+    for stopped in workers:  # a warm shutdown closes the partitions' channels without an error
+        assert stopped.stop() == 0
+        assert "ERROR" not in stopped.log(), stopped.log_tail()
 
 
 @pytest.mark.slow

@@ -19,13 +19,14 @@ from kombu.message import Message
 from kombu.serialization import prepare_accept_content
 from kombu.utils.imports import symbol_by_name
 
-from amqp_events.celery import ordered
+from amqp_events.celery import batches, ordered
 from amqp_events.celery.received import Archiver, admit
 from amqp_events.celery.running import run_here
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.outcome import Redeliver, SendToArchive
 from amqp_events.errors import NotModelled
 from amqp_events.ordering.parking import Parking
+from amqp_events.wire.batch import is_batch
 
 
 class InlineWorker:
@@ -65,6 +66,9 @@ class InlineWorker:
             self.archiver.archive(message, *refused)
             return
         task = self.app.tasks[message.headers["task"]]
+        if is_batch(message.headers):  # its events come one by one, as a worker of Celery's path takes them
+            batches.split(self.app.context, task.handler.queue, message, _ack(message), _reject(message))
+            return
         if task.handler.ordered:
             self.run_ordered(task, message, channel)
             return
@@ -89,13 +93,7 @@ class InlineWorker:
         info = message.delivery_info
         delivery = Delivery(message.headers, channel.queue, info["exchange"], info["routing_key"], args, kwargs)
 
-        def ack(*_: Any) -> None:
-            message.ack()
-
-        def reject(_: Any, __: Any, requeue: bool) -> None:
-            message.reject(requeue)
-
-        key = ordered.key_of(self.app, task.handler, message, delivery, ack, reject)
+        key = ordered.key_of(self.app, task.handler, message, delivery, _ack(message), _reject(message))
         if key is None:
             return
         partition, parking = channel.queue, self.parking
@@ -113,6 +111,16 @@ class InlineWorker:
             return
         parking.ran(partition, key, delivery.event_id, action, isinstance(outcome, SendToArchive), task.handler.parks)
         message.ack()
+
+
+def _ack(message: Message) -> Callable[..., None]:
+    """``message``'s ack, as a worker's strategy calls it (``ack(logger, errors)``)."""
+    return lambda *_: message.ack()
+
+
+def _reject(message: Message) -> Callable[..., None]:
+    """``message``'s reject, as a worker's strategy calls it (``reject(logger, errors, requeue)``)."""
+    return lambda _, __, requeue: message.reject(requeue)
 
 
 class InlinePool:

@@ -89,7 +89,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
             while not all(runner.idle(partition) for partition in self.channels) and time.monotonic() < deadline:
                 time.sleep(0.05)
         for partition in list(self.channels):
-            self.close(c, partition)
+            self.stop_consuming(c, partition)
         if self.roll_call is not None:
             close_quietly(self.roll_call)
             self.roll_call = None
@@ -121,7 +121,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
         ack, reject = from_any_thread(c, message.ack_log_error), from_any_thread(c, message.reject_log_error)
         runner.on_message(c.app.tasks[message.headers["task"]], message, ack, reject, partition)
 
-    def close(self, c: Any, partition: str) -> None:
+    def stop_consuming(self, c: Any, partition: str) -> None:
         channel, _ = self.channels.pop(partition)
         close_quietly(channel)
         if c.ordered_runner is not None:
@@ -157,7 +157,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
         for partition, deadline in list(self.handing_over.items()):
             if c.ordered_runner.idle(partition) or time.monotonic() >= deadline:
                 queue = self.channels[partition][1]
-                self.close(c, partition)
+                self.stop_consuming(c, partition)
                 self.last_message.pop(partition, None)
                 del self.handing_over[partition]
                 c.timer.call_after(CONSUME_AGAIN_AFTER, self.consume_again, (c, queue))

@@ -23,6 +23,7 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Delivery, Received
 from amqp_events.core.settle import describe
 from amqp_events.errors import Refused
+from amqp_events.wire import batch
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,10 @@ ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 def admit(message: Message, context: ServiceContext) -> tuple[Reason, Exception] | None:
     """Why a worker of ``context``'s service cannot run ``message`` (it is archived with that reason), if it
-    cannot. The ``before_receive`` hooks run first, and what they change is written back into the message."""
+    cannot. The ``before_receive`` hooks run first, and what they change is written back into the message
+    (a replay batch's events are each read by them when the batch is split)."""
+    if batch.is_batch(message.headers):
+        return admit_batch(message, context)
     if context.middleware.before_receive:
         refused = read_in_place(message, lambda received: handling.receive(context, received))
         if refused is not None:
@@ -45,6 +49,23 @@ def admit(message: Message, context: ServiceContext) -> tuple[Reason, Exception]
     except Exception as exc:
         return Reason.UNDECODABLE, exc
     return handling.runnable(context, message.headers or {}, body)
+
+
+def admit_batch(message: Message, context: ServiceContext) -> tuple[Reason, Exception] | None:
+    """Why a worker cannot run the replay batch ``message``, if it cannot (all of it is archived, as it came)."""
+    event = str(message.headers.get("task"))
+    try:
+        batch.events_of(event, message.decode())
+    except ContentDisallowed as exc:
+        return Reason.FORBIDDEN_CONTENT_TYPE, exc
+    except Exception as exc:
+        return Reason.UNDECODABLE, exc
+    handler = context.handlers.get(event)
+    if handler is None:
+        return Reason.UNKNOWN_EVENT, handling.unknown_event(context.name, event)
+    if handler.ordered:  # a replay sends an ordered handler's events alone, to its partitions
+        return Reason.UNDECODABLE, ValueError(f"a replay batch of {event!r}, whose handler is ordered")
+    return None
 
 
 def read_in_place(message: Message, read: Callable[[Received], Received]) -> Refused | None:

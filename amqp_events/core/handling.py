@@ -32,7 +32,7 @@ from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, deci
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.topology import delays, event_queue_name
-from amqp_events.wire.message import Reason
+from amqp_events.wire.message import Reason, is_task_body
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +62,6 @@ def runnable(context: ServiceContext, headers: Mapping[str, Any], body: Any) -> 
     if name not in context.handlers:
         return Reason.UNKNOWN_EVENT, unknown_event(context.name, name)
     return None
-
-
-def is_task_body(body: Any) -> bool:
-    """Is ``body`` a Celery protocol-2 task body, ``[args, kwargs, embed]``?"""
-    return (
-        isinstance(body, (list, tuple))
-        and len(body) == 3
-        and isinstance(body[0], (list, tuple))
-        and isinstance(body[1], dict)
-        and (body[2] is None or isinstance(body[2], dict))
-    )
 
 
 def not_an_event() -> Exception:

@@ -2,7 +2,8 @@
 
 A replay publishes each event it takes straight to the service's own queue
 of that event (its ordered exchange for an ordered handler), so no other
-service gets a copy. It first declares the service's topology, so that
+service gets a copy; up to 100 at a time in one message, a replay batch
+(:mod:`amqp_events.wire.batch`), which a worker takes as one. It first declares the service's topology, so that
 every event fired from then on reaches the service live: the replay goes
 on to the last event in the history at its start, and the two overlap a
 little. A handler with an inbox runs an event it got both ways once.
@@ -34,7 +35,8 @@ from amqp_events.history import gates
 from amqp_events.history.records import HistoricEvent, NamesOf, Query, events_in, start_of
 from amqp_events.topology import service_topology
 from amqp_events.topology.names import HISTORY_STREAM, history_cursor_queue_name, slot_of
-from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, copy_headers, event_key
+from amqp_events.wire import batch
+from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, JSON, OutgoingMessage, copy_headers, event_key
 from amqp_events.wire.parking import HISTORY_REPLAY
 
 logger = logging.getLogger(__name__)
@@ -164,6 +166,7 @@ class HistoryReplay:
     ) -> None:
         began, sent = time.monotonic(), 0
         next_offset = start if isinstance(start, int) else None
+        batches = Batches(batch, report.replay)
         with self.context.transport.read_stream(HISTORY_STREAM, start) as reading:
             report.end = reading.end
             for event in events_in(reading.messages, self.query, self.names):
@@ -173,14 +176,16 @@ class HistoryReplay:
                     progress(event.offset, reading.end)
                 if handler is None:
                     continue
-                batch.publish(replayed_copy(event, handler, report.replay))
+                copy = replayed_copy(event, handler, report.replay)
+                if handler.ordered or not batches.add(handler, copy):
+                    batches.publish_alone(copy)
                 sent += 1
                 if self.rate and sent > (time.monotonic() - began) * self.rate:
                     time.sleep(sent / self.rate - (time.monotonic() - began))
                 if sent % CHECKPOINT == 0:
-                    report.replayed += _confirmed(batch)
+                    report.replayed += batches.confirmed()
                     self._record(report, next_offset, done=False)
-        report.replayed += _confirmed(batch)
+        report.replayed += batches.confirmed()
         self._record(report, next_offset, done=True)
 
     def _record(self, report: ReplayReport, next_offset: int | None, done: bool) -> None:
@@ -255,16 +260,56 @@ def _targets(context: ServiceContext, handler: str | None) -> dict[str, Handler]
     return found
 
 
-def _confirmed(batch: BatchPublisher) -> int:
-    batch.wait()
-    confirmed, refused, returned = batch.results()
-    if refused:
-        raise PublishError(f"the broker refused {len(refused)} replayed event(s) (nack): the replay stops")
-    if returned:
-        raise TopologyMissing(
-            f"{len(returned)} replayed event(s) reached no queue: was a queue of the service deleted?"
-        )
-    return len(confirmed)
+class Batches:
+    """The copies a replay sends, gathered into replay batches per handler queue (:mod:`amqp_events.wire.batch`):
+    a worker takes a batch as one message and runs its events one by one. An event that cannot go into a batch
+    (an ordered handler's, one not in the library's JSON form) is sent alone."""
+
+    def __init__(self, publisher: BatchPublisher, replay: str) -> None:
+        self.publisher, self.replay = publisher, replay
+        #: Per handler queue: the event and the entries gathered, and their size in bytes.
+        self.gathered: dict[str, tuple[str, list[bytes], int]] = {}
+        #: Events sent whose confirms were not counted yet.
+        self.unconfirmed = 0
+
+    def add(self, handler: Handler, copy: OutgoingMessage) -> bool:
+        """Gather ``copy`` into its handler's next batch; ``False`` if it must be sent alone."""
+        entry = batch.entry(copy.headers, copy.body) if copy.content_type == JSON else None
+        if entry is None:
+            return False
+        event, entries, size = self.gathered.get(copy.routing_key) or (handler.event, [], 0)
+        if entries and size + len(entry) > batch.MAX_BYTES:
+            self._send(copy.routing_key)
+            entries, size = [], 0
+        entries.append(entry)
+        self.gathered[copy.routing_key] = (event, entries, size + len(entry))
+        if len(entries) >= batch.MAX_EVENTS:
+            self._send(copy.routing_key)
+        return True
+
+    def publish_alone(self, copy: OutgoingMessage) -> None:
+        self.publisher.publish(copy)
+        self.unconfirmed += 1
+
+    def confirmed(self) -> int:
+        """Send what is gathered, wait for every confirm; returns the events they carried."""
+        for queue in list(self.gathered):
+            self._send(queue)
+        self.publisher.wait()
+        _, refused, returned = self.publisher.results()
+        if refused:
+            raise PublishError(f"the broker refused {len(refused)} replayed message(s) (nack): the replay stops")
+        if returned:
+            raise TopologyMissing(
+                f"{len(returned)} replayed message(s) reached no queue: was a queue of the service deleted?"
+            )
+        events, self.unconfirmed = self.unconfirmed, 0
+        return events
+
+    def _send(self, queue: str) -> None:
+        event, entries, _ = self.gathered.pop(queue)
+        self.publisher.publish(batch.batch_message(queue, event, entries, {HISTORY_REPLAY: self.replay}))
+        self.unconfirmed += len(entries)
 
 
 def _query_record(query: Query) -> dict[str, Any]:

@@ -175,6 +175,17 @@ def json_body(body: Any) -> bytes:
     return text.encode("utf-8")
 
 
+def is_task_body(body: Any) -> bool:
+    """Is ``body`` a Celery protocol-2 task body, ``[args, kwargs, embed]``?"""
+    return (
+        isinstance(body, (list, tuple))
+        and len(body) == 3
+        and isinstance(body[0], (list, tuple))
+        and isinstance(body[1], dict)
+        and (body[2] is None or isinstance(body[2], dict))
+    )
+
+
 def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dict[str, Any]:
     """Headers for a new copy of ``original`` (a retry, a replay): the event's own and the
     application's headers are kept; the broker's history, archive records and per-copy timing are not.

@@ -1,8 +1,12 @@
 """The ``orders`` test service."""
 
+import json
 import os
 
+from amqp_events import Reason
 from amqp_events.celery import events_app
+from amqp_events.core.context import Middleware
+from amqp_events.errors import Refused
 from services import catalog
 from services.behaviour import behave, in_sections, record
 
@@ -14,8 +18,22 @@ app = events_app(
     amqp_events_heartbeat_interval=float(os.environ.get("HEARTBEAT_INTERVAL", "5")),
     amqp_events_max_redeliveries=int(os.environ.get("MAX_REDELIVERIES", "10")),
     amqp_events_publish_timeout=float(os.environ.get("PUBLISH_TIMEOUT", "10")),
+    amqp_events_history=os.environ.get("HISTORY") == "1",
 )
 
+
+class RefusesATag(Middleware):
+    """Reads every message before anything decodes it, and refuses those of ``$REFUSE_TAG`` (a test's
+    ``before_receive`` hook)."""
+
+    def before_receive(self, context, received):
+        if json.loads(received.body)[0][:1] == [os.environ["REFUSE_TAG"]]:
+            raise Refused(Reason.UNDECODABLE, f"tag {os.environ['REFUSE_TAG']!r} is refused")
+        return received
+
+
+if os.environ.get("REFUSE_TAG"):
+    app.add_middleware(RefusesATag())
 
 UserRegistered = app.event("users.registered")(catalog.UserRegistered)
 UserRegisteredModel = app.event("users.registered_model")(catalog.UserRegisteredModel)

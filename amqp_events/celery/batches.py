@@ -1,0 +1,114 @@
+"""Replay batches in a worker (:mod:`amqp_events.wire.batch`): each event run through the pipeline, one after
+another, as if it had come alone; the batch acked once they all settled.
+
+Each event is first read by the ``before_receive`` hooks, as a message that
+came alone would be; one they change or refuse is sent back to the
+handler's queue by itself, to be read again (and archived with its reason,
+if refused) as an ordinary message. Where a message goes Celery's own way
+(the prefork pool, task signals, and so on: :mod:`amqp_events.celery.strategy`),
+a batch is *split* instead: all its events are sent back one by one
+(confirmed), then the batch is acked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery.exceptions import Reject
+
+from amqp_events.celery.running import run_here
+from amqp_events.core import handling
+from amqp_events.core.context import ServiceContext
+from amqp_events.core.delivery import Delivery, Received
+from amqp_events.errors import PublishError, Refused, TopologyMissing
+from amqp_events.wire.batch import BatchedEvent, events_of, is_batch
+from amqp_events.wire.message import EMPTY_EMBED, JSON, OutgoingMessage, json_body
+
+logger = logging.getLogger(__name__)
+
+
+def batch_runner(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], None]:
+    """Run the events of a batch of ``task``'s, then ack it (or reject it, when settling failed: it comes back,
+    and an inbox skips what ran)."""
+    handler = task.handler
+    errors = consumer.connection_errors  # what the ack and reject promises log rather than raise
+
+    def run(message: Any, ack: Any, reject: Any) -> None:
+        info = message.delivery_info
+        alone = []
+        try:
+            for event in events_of(handler.event, message.decode()):
+                if not read_as_it_is(app.context, handler.queue, event):
+                    alone.append(event)
+                    continue
+                delivery = Delivery(event.headers, handler.queue, "", handler.queue, event.args, event.kwargs)
+                try:
+                    run_here(app, task, delivery, info, consumer.hostname)
+                except Reject:  # the handler rejected its message itself: it gets one to reject, alone
+                    alone.append(event)
+            send_alone(app.context, handler.queue, alone)
+        except Exception:
+            batch_id = message.headers.get("id")
+            logger.exception("could not settle replay batch %s of %s; it comes back", batch_id, task.name)
+            reject(logger, errors, False)
+            return
+        ack(logger, errors)
+
+    return run
+
+
+def read_as_it_is(context: ServiceContext, queue: str, event: BatchedEvent) -> bool:
+    """Do the service's ``before_receive`` hooks read ``event`` as it is (nothing to change, nothing refused)?"""
+    if not context.middleware.before_receive:
+        return True
+    body = json_body([event.args, event.kwargs, EMPTY_EMBED])
+    received = Received(event.headers, body, JSON, "utf-8", "", queue)
+    try:
+        return handling.receive(context, received) is received
+    except Refused:
+        return False
+
+
+def splitting(strategy: Callable[..., Any], task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
+    """``strategy``, with each batch split into messages of their own (which ``strategy`` then gets)."""
+    errors = consumer.connection_errors
+
+    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
+        if not is_batch(message.headers):
+            return strategy(message, body, ack, reject, callbacks, **more)
+        split(app.context, task.handler.queue, message, ack, reject, errors)
+        return None
+
+    return on_message
+
+
+def split(context: ServiceContext, queue: str, message: Any, ack: Any, reject: Any, errors: Any = ()) -> None:
+    """Send the events of the batch ``message`` to ``queue`` one by one, then ack it."""
+    try:
+        send_alone(context, queue, events_of(message.headers.get("task"), message.decode()))
+    except Exception:
+        logger.exception("could not split replay batch %s; it comes back", message.headers.get("id"))
+        reject(logger, errors, False)
+        return
+    ack(logger, errors)
+
+
+def send_alone(context: ServiceContext, queue: str, events: list[BatchedEvent]) -> None:
+    """Publish each of ``events`` to ``queue`` as a message of its own, and wait for the broker's confirms."""
+    if not events:
+        return
+    publisher = context.transport.batch(len(events))
+    try:
+        for event in events:
+            body = [event.args, event.kwargs, EMPTY_EMBED]
+            publisher.publish(OutgoingMessage("", queue, dict(event.headers), body, event.id))
+        publisher.wait()
+        _, refused, returned = publisher.results()
+    finally:
+        publisher.close()
+    if refused:
+        raise PublishError(f"the broker refused {len(refused)} event(s) of a replay batch (nack)")
+    if returned:
+        raise TopologyMissing(f"the queue {queue!r} is gone: {len(returned)} event(s) of a replay batch went nowhere")
