@@ -35,7 +35,7 @@ ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 def admit(message: Message, context: ServiceContext) -> tuple[Reason, Exception] | None:
     """Why a worker of ``context``'s service cannot run ``message`` (it is archived with that reason), if it
     cannot. The ``before_receive`` hooks run first, and what they change is written back into the message
-    (a replay batch's events are each read by them when the batch is split)."""
+    (a replay batch's events are each read by them as they run: :mod:`amqp_events.celery.batches`)."""
     if batch.is_batch(message.headers):
         return admit_batch(message, context)
     if context.middleware.before_receive:
