@@ -9,8 +9,9 @@ in-process mode of :mod:`amqp_events.testing` sees the virtual time too.
 
 from __future__ import annotations
 
+import re
 from contextvars import ContextVar, Token
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
 
@@ -44,3 +45,21 @@ def start_reading(clock: Clock) -> Token[Clock]:
 
 def stop_reading(token: Token[Clock]) -> None:
     _running.reset(token)
+
+
+_AGO = re.compile(r"^(?P<amount>[0-9]+)(?P<unit>[smhD])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "D": "days"}
+
+
+def parse_moment(text: str, now: datetime) -> datetime:
+    """A time an operator wrote: ISO-8601 (UTC unless it says otherwise), or how long before ``now`` (``90m``,
+    ``2h``, ``7D``); ``ValueError`` says what is accepted."""
+    text = text.strip()
+    ago = _AGO.match(text)
+    if ago:
+        return now - timedelta(**{_UNITS[ago["unit"]]: int(ago["amount"])})
+    try:
+        found = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is neither an ISO-8601 time nor a time ago like 90m, 2h or 7D") from None
+    return found if found.tzinfo else found.replace(tzinfo=timezone.utc)

@@ -103,3 +103,11 @@ class NotModelled(Exception):
 
 class UnhandledEvent(AssertionError):
     """An event was fired that no service in the test handles (``in_process(..., unhandled="ignore")`` allows it)."""
+
+
+class UnknownService(LookupError):
+    """No service of that name on the vhost (none has a queue ``<service>.archive``)."""
+
+
+class SteeringError(RuntimeError):
+    """A worker answered that it could not pause or resume a handler (the message says which and why)."""

@@ -57,8 +57,11 @@ class ManagementAPI:
     def delete_vhost(self, vhost: str) -> None:
         self.request("DELETE", f"/api/vhosts/{_quote(vhost)}")
 
-    def queues(self, vhost: str) -> list[dict[str, Any]]:
-        return list(self.request("GET", f"/api/queues/{_quote(vhost)}"))
+    def queues(self, vhost: str, samples_for: int = 0) -> list[dict[str, Any]]:
+        """The queues of ``vhost``; with ``samples_for`` seconds, each with its lengths and rates sampled over
+        that time, a minute apart (``messages_details.samples``, ``message_stats.ack_details.samples``)."""
+        query = f"?lengths_age={samples_for}&lengths_incr=60&msg_rates_age={samples_for}&msg_rates_incr=60"
+        return list(self.request("GET", f"/api/queues/{_quote(vhost)}" + (query if samples_for else "")))
 
     def exchanges(self, vhost: str) -> list[dict[str, Any]]:
         return list(self.request("GET", f"/api/exchanges/{_quote(vhost)}"))

@@ -17,7 +17,7 @@ from pathlib import Path
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
-from bench import cloud_events, handling, history, in_process, ordering, outbox, scenarios, tracing
+from bench import cloud_events, console, handling, history, in_process, ordering, outbox, scenarios, tracing
 from bench import cluster as cluster_bench
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
@@ -91,6 +91,8 @@ def main() -> int:
             results.append(cloud_events.handling(bench, size))
         if wanted("test_module"):
             results.append(in_process.a_test_module(bench, size))
+        if wanted("console"):
+            results.append(console.pages_with_a_full_archive(bench, size))
         if wanted("memory"):
             results.append(scenarios.memory_while_waiting(bench, size))
         if wanted("accuracy"):

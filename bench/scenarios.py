@@ -43,9 +43,11 @@ class Size:
     delayed_per_kind: int
     repeats: int
     latency_samples: int
+    #: Messages in an archive the console shows (the default archive's bound).
+    archived: int = 10_000
 
 
-QUICK = Size(3, 150, 2000, 2000, 1000, 500, 200, 1000, 3, 1, 30)
+QUICK = Size(3, 150, 2000, 2000, 1000, 500, 200, 1000, 3, 1, 30, archived=1000)
 FULL = Size(9, 1000, 20000, 20000, 10000, 5000, 1000, 10000, 20, 3, 200)
 
 

@@ -13,6 +13,7 @@ from conftest import scrape, value
 from ordered_helpers import all_succeeded, check_order, fire_sequences
 
 from amqp_events import events_app
+from amqp_events.console.fleet import Fleet
 from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 from amqp_events.topology.names import slot_of
@@ -94,7 +95,9 @@ def test_the_topology_shows_the_partitions_and_the_check_finds_those_left_over(w
     assert "extra queue 'ledger.ordered.03'" in check.output and "extra queue 'ledger.ordered.01'" not in check.output
 
 
-def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(worker, producer, cli, records):
+def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(
+    worker, producer, cli, records, rabbitmq, vhost
+):
     port = free_port()
     worker("ledger", env={"PARTITIONS": "4", "AMQP_EVENTS_METRICS_PORT": str(port)})
     head = producer.fire(
@@ -112,6 +115,9 @@ def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(worker
     assert [line.split() for line in shown.output.splitlines()[1:2]] == [["a-1", partition, head, "2"]]
     assert records.all(account="a-1") and not [run for run in records.all(account="a-1") if run["ok"]]
     assert value(scrape(port), "amqp_events_parked_keys", service="ledger", partition=partition) == 1
+    assert Fleet(producer, rabbitmq.management, vhost).parked("ledger") == [  # what the console's archive page shows
+        {"key": "a-1", "partition": partition, "head": head, "waiting": 2}
+    ]
 
 
 def test_the_partitions_are_shared_out_among_the_workers_and_order_holds_through_each_hand_over(

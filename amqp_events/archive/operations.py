@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import IO
 
 from amqp_events.core.context import Replay, ServiceContext
@@ -38,6 +39,8 @@ class Selection:
     event: str | None = None
     reason: str | None = None
     limit: int | None = None
+    #: Archived at this time or later.
+    since: datetime | None = None
 
     @classmethod
     def of(
@@ -46,8 +49,9 @@ class Selection:
         event: str | None = None,
         reason: str | None = None,
         limit: int | None = None,
+        since: datetime | None = None,
     ) -> Selection:
-        return cls(frozenset(ids), event, reason, limit)
+        return cls(frozenset(ids), event, reason, limit, since)
 
     @classmethod
     def exactly(cls, entries: Iterable[ArchivedMessage]) -> Selection:
@@ -60,6 +64,7 @@ class Selection:
             (not self.ids or archived.id in self.ids)
             and (self.event is None or archived.event == self.event)
             and (self.reason is None or archived.reason == self.reason)
+            and (self.since is None or (archived.archived_at is not None and archived.archived_at >= self.since))
         )
 
 
@@ -113,8 +118,9 @@ class Archive:
         places, a duplicate rather than a loss). With ``new_ids`` each copy
         gets a new event id (``replay_of`` keeps the old one), so that a
         handler with an inbox runs it even if it handled the event before.
-        ``replayed_by`` (who, e.g. ``user@host``) is logged and, with tracing
-        on, recorded on each replay's span.
+        ``replayed_by`` (who, e.g. ``user@host``) is logged, stamped on each
+        copy (the ``replayed_by`` header) and, with tracing on, recorded on
+        each replay's span.
         """
         report = ReplayReport()
         by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
@@ -132,7 +138,7 @@ class Archive:
     def _send_back(self, archived: ArchivedMessage, new_id: bool, by: str) -> bool:
         """Publish ``archived``'s replay, through the ``before_replay``/``after_replay`` hooks; False when its
         queue no longer exists."""
-        replay = Replay(self.context, replay_message(archived, new_id=new_id), archived.headers, by)
+        replay = Replay(self.context, replay_message(archived, new_id=new_id, by=by), archived.headers, by)
         middleware = self.context.middleware
         for before in middleware.before_replay:
             before(replay)
@@ -191,19 +197,30 @@ class Archive:
 
     @contextmanager
     def _browse(self) -> Iterator[Iterator[tuple[ArchivedMessage, Callable[[], None]]]]:
+        """Every archived message, oldest first (by ``archived_at``: a quorum queue given back the messages a
+        browse took may not keep their order), each with the function that removes it."""
         with self.context.transport.browse(self.queue) as stored:
-            yield (
+            entries = [
                 (ArchivedMessage.from_parts(m.headers, m.body, m.content_type, m.content_encoding), remove)
                 for m, remove in stored
-            )
+            ]
+            yield iter(sorted(entries, key=lambda entry: _archived_at(entry[0])))
 
 
-def replay_message(archived: ArchivedMessage, new_id: bool = False) -> OutgoingMessage:
+def _archived_at(archived: ArchivedMessage) -> datetime:
+    """When it was archived; one that does not say comes last (the sort keeps such messages in their order)."""
+    return archived.archived_at or datetime.max.replace(tzinfo=timezone.utc)
+
+
+def replay_message(archived: ArchivedMessage, new_id: bool = False, by: str = "") -> OutgoingMessage:
     """What a replay publishes: the original body and envelope, retry count reset, straight to its queue.
 
-    ``new_id``: under a new event id, the old one in the ``replay_of`` header.
+    ``new_id``: under a new event id, the old one in the ``replay_of`` header. ``by``: who replayed it (the
+    ``replayed_by`` header; the last replay's, on the copies of the copy too).
     """
     headers = copy_headers(archived.headers, retries=0)
+    if by:
+        headers["replayed_by"] = by
     if new_id:
         headers.update(id=str(uuid.uuid4()), replay_of=archived.id)
     return OutgoingMessage(
@@ -226,8 +243,7 @@ def release_command(archived: ArchivedMessage) -> OutgoingMessage:
 def _take(
     messages: Iterator[tuple[ArchivedMessage, Callable[[], None]]], selection: Selection
 ) -> Iterator[tuple[ArchivedMessage, Callable[[], None]]]:
-    # Every message is fetched, also past the limit: the broker puts unacked messages back behind the
-    # others, so stopping early would move the ones fetched so far to the end of the archive.
+    # Every message is read before any is chosen (see Archive._browse): the first ``limit`` are the oldest.
     taken = 0
     for archived, ack in messages:
         if (selection.limit is None or taken < selection.limit) and selection.matches(archived):

@@ -11,6 +11,7 @@ from typing import Any
 from celery.worker.control import Panel, control_command
 
 from amqp_events.celery.steps import breakers_of
+from amqp_events.errors import SteeringError
 
 COMMAND = "amqp_events_breaker"
 PARKED = "amqp_events_parked"
@@ -62,3 +63,33 @@ def amqp_events_breaker(state: Any, service: str, handler: str, action: str) -> 
         return {"service": service, "error": f"unknown action {action!r} (open or close)"}
     names = [breakers.handlers[queue].name for queue in matched]
     return {"service": service, "matched": names, "action": action}
+
+
+def steer(app: Any, service: str, handler: str, action: str, wait: float = 3.0) -> dict[str, list[str]]:
+    """Hold ``handler``'s breaker open (``open``) or release it (``close``) in every live worker of ``service``;
+    returns the handlers each worker that has it matched, by worker."""
+    replies = app.control.broadcast(
+        COMMAND, arguments={"service": service, "handler": handler, "action": action}, reply=True, timeout=wait
+    )
+    matched = {}
+    for reply in replies:
+        for worker, answer in reply.items():
+            if not isinstance(answer, dict) or answer.get("service") != service:
+                continue
+            if answer.get("error"):
+                raise SteeringError(f"{worker}: {answer['error']}")
+            if answer.get("matched"):
+                matched[worker] = list(answer["matched"])
+    return matched
+
+
+def parked(app: Any, service: str, wait: float = 3.0) -> dict[str, dict[str, dict[str, Any]]]:
+    """The parked keys of ``service``'s partitions, by partition and key (``{"head": id, "waiting": n}``; the
+    key ``""``: a history replay's gate), as the workers consuming them answer."""
+    replies = app.control.broadcast(PARKED, arguments={"service": service}, reply=True, timeout=wait)
+    found: dict[str, dict[str, dict[str, Any]]] = {}
+    for reply in replies:
+        for answer in reply.values():
+            if isinstance(answer, dict) and answer.get("service") == service:
+                found.update(answer["partitions"])
+    return found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -46,14 +47,18 @@ class RabbitMQ:
 
     @contextmanager
     def browse(self, queue: str) -> Iterator[Browsed]:
-        """Fetch every message unacked; whatever is not acked goes back when the channel closes."""
+        """Take every message unacked; whatever is not acked goes back when the channel closes, and the browse
+        ends once the broker counts it back in the queue (a quorum queue takes a moment), so that the next
+        reading finds it."""
         with self.app.connection_for_write() as connection:
             channel: Any = connection.channel()
-            channel.queue_declare(queue, passive=True)  # a clear 404 when it does not exist
+            waiting = channel.queue_declare(queue, passive=True).message_count  # a clear 404 when it is missing
+            removed: list[int] = []
             try:
-                yield _fetch_all(channel, queue)
+                yield _take_all(connection, channel, queue, waiting, removed)
             finally:
                 channel.close()
+            _wait_until_back(connection, queue, waiting - len(removed))
 
     def count(self, queue: str) -> int:
         with self.app.connection_for_write() as connection:
@@ -69,11 +74,43 @@ class RabbitMQ:
         self.publisher.close()
 
 
-def _fetch_all(channel: Any, queue: str) -> Browsed:
-    while True:
-        fetched = channel.basic_get(queue, no_ack=False)
-        if fetched is None:
-            return
+#: Seconds without a delivery after which a browse ends with fewer messages than the queue counted (some expired).
+BROWSE_IDLE = 2.0
+
+
+def _take_all(connection: Any, channel: Any, queue: str, waiting: int, removed: list[int]) -> Browsed:
+    """The ``waiting`` messages of ``queue``, delivered by a consumer without a prefetch limit (a fetch per
+    message would cost a round trip each: 10,000 archived messages took 10 s), none acked unless removed (each
+    removal's tag is noted in ``removed``)."""
+    if not waiting:
+        return
+    taken: list[Any] = []
+    channel.basic_qos(0, 0, False)
+    tag = channel.basic_consume(queue, no_ack=False, callback=taken.append)
+    given = 0
+    while given < waiting:
+        if not taken:
+            try:
+                connection.drain_events(timeout=BROWSE_IDLE)
+            except TimeoutError:
+                break
+            continue
+        fetched = taken.pop(0)
+        given += 1
         body = fetched.body if isinstance(fetched.body, bytes) else str(fetched.body).encode("utf-8")
         stored = StoredMessage(dict(fetched.headers or {}), body, fetched.content_type, fetched.content_encoding)
-        yield stored, functools.partial(channel.basic_ack, fetched.delivery_tag)
+        yield stored, functools.partial(_remove, channel, fetched.delivery_tag, removed)
+    channel.basic_cancel(tag)
+
+
+def _remove(channel: Any, delivery_tag: int, removed: list[int]) -> None:
+    channel.basic_ack(delivery_tag)
+    removed.append(delivery_tag)
+
+
+def _wait_until_back(connection: Any, queue: str, expected: int) -> None:
+    """Wait (a few seconds at most) until ``queue`` counts ``expected`` messages or more."""
+    deadline = time.monotonic() + BROWSE_IDLE
+    channel = connection.default_channel
+    while channel.queue_declare(queue, passive=True).message_count < expected and time.monotonic() < deadline:
+        time.sleep(0.02)

@@ -11,6 +11,7 @@ from amqp_events.cli.archive import archive
 from amqp_events.cli.asyncapi import asyncapi
 from amqp_events.cli.breakers import breakers
 from amqp_events.cli.broker import broker
+from amqp_events.cli.console import console
 from amqp_events.cli.context import Context
 from amqp_events.cli.exporter import exporter
 from amqp_events.cli.fire import fire
@@ -40,5 +41,5 @@ def main(ctx: click.Context, app_name: str | None, broker: str | None, managemen
     ctx.obj = Context(app_name, broker, management_url)
 
 
-for command in (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, asyncapi):
+for command in (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, asyncapi, console):
     main.add_command(command)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from amqp_events.archive import Archive, ArchivedMessage, Selection
+from amqp_events.celery import control
 from amqp_events.cli.context import current_context, one_line_errors
 from amqp_events.topology import delays, parked_queue_name
 from amqp_events.wire.parking import PARKS_KEY
@@ -247,19 +248,13 @@ def archive_parked(wait: float) -> None:
     many messages its parked queue holds.
     """
     app = current_context().app
-    replies = app.control.broadcast("amqp_events_parked", arguments={"service": app.service}, reply=True, timeout=wait)
-    rows: list[list[str]] = []
-    read: set[str] = set()
-    for reply in replies:
-        for answer in reply.values():
-            if not isinstance(answer, dict) or answer.get("service") != app.service:
-                continue
-            for partition, keys in answer["partitions"].items():
-                read.add(partition)
-                rows.extend(
-                    [key or "(every key)", partition, _waiting_for(key, parked["head"]), str(parked["waiting"])]
-                    for key, parked in keys.items()
-                )
+    partitions = control.parked(app, app.service, wait)
+    read = set(partitions)
+    rows = [
+        [key or "(every key)", partition, _waiting_for(key, parked["head"]), str(parked["waiting"])]
+        for partition, keys in partitions.items()
+        for key, parked in keys.items()
+    ]
     _table(["KEY", "PARTITION", "WAITING FOR", "EVENTS WAITING"], sorted(rows))
     click.echo(f"{sum(row[0] != '(every key)' for row in rows)} parked key(s)")
     for partition in range(app.context.settings.partitions):

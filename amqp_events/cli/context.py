@@ -82,6 +82,17 @@ class Context:
             app.conf.broker_url = self.broker
         return app
 
+    def app_or_any(self, service: str) -> EventsApp:
+        """The ``-A`` app, or without one an app of ``service`` that handles nothing, on ``--broker`` (or
+        ``AMQP_EVENTS_BROKER_URL``): for commands that look at every service of a vhost."""
+        if self.app_name:
+            return self.app
+        from amqp_events.celery import events_app
+
+        app = events_app(service, broker_url=self.broker)
+        self.__dict__["app"] = app  # what the cached property holds: vhost and management read it
+        return app
+
     @property
     def vhost(self) -> str:
         return str(Connection(self.app.conf.broker_url).virtual_host or "/")

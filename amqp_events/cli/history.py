@@ -4,38 +4,30 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import click
 from amqp.exceptions import NotFound
 
 from amqp_events.cli.context import current_context, one_line_errors
+from amqp_events.clock import parse_moment
 from amqp_events.history import HistoricEvent, History, Query, parse_where
 from amqp_events.topology.names import HISTORY_STREAM
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-_AGO = re.compile(r"^(?P<amount>[0-9]+)(?P<unit>[smhD])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "D": "days"}
 
 
 def moment(ctx: click.Context, param: click.Parameter, value: str | None) -> datetime | None:
     """A time: ISO-8601 (UTC unless it says otherwise), or how long ago (``90m``, ``2h``, ``7D``)."""
     if value is None:
         return None
-    text = value.strip()
-    ago = _AGO.match(text)
-    if ago:
-        return datetime.now(timezone.utc) - timedelta(**{_UNITS[ago["unit"]]: int(ago["amount"])})
     try:
-        found = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is neither an ISO-8601 time nor a time ago like 90m, 2h or 7D") from None
-    return found if found.tzinfo else found.replace(tzinfo=timezone.utc)
+        return parse_moment(value, datetime.now(timezone.utc))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def history_of() -> History:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Index, MetaData, String, Table, delete, exists, select, tuple_
+from sqlalchemy import Column, Engine, Float, Index, MetaData, String, Table, delete, exists, func, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from amqp_events.database import CompiledInsert, create_statements
@@ -44,6 +44,11 @@ class InboxTable:
         """Insert ``key`` unless it is there; ``True`` when this inserted it (waits on an uncommitted twin)."""
         row = {"service": key.service, "handler": key.handler, "event_id": key.event_id, "processed_at": time.time()}
         return bool(connection.exec_driver_sql(*self._mark.parameters(connection.dialect, [row])).rowcount == 1)
+
+    def size(self) -> int:
+        """Keys kept (what pruning bounds)."""
+        with self.engine.connect() as connection:
+            return int(connection.execute(select(func.count()).select_from(self.table)).scalar_one())
 
     def prune(self, older_than: float, batch: int = 1000) -> int:
         """Delete keys processed before ``older_than``, ``batch`` rows per (short) transaction."""

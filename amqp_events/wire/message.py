@@ -13,6 +13,7 @@ runs it: the ``task`` header is the event name, ``id`` is the event id and
 ``section_retries``  retries used per ``retry`` section of the handler, by section name
 ``failed_section``   the section whose failure caused this retry (absent: the handler's own policy)
 ``event_key``        the event's key: the aggregate it belongs to (``@app.event(key=...)``; absent: none)
+``replayed_by``      who replayed it from the archive (copies of a replay)
 ==================== ========================================================
 
 Archived copies carry the ``archive_*`` headers of :mod:`amqp_events.wire.archived`.

@@ -1,0 +1,54 @@
+"""``amqp-events console``: the operator console in a browser (the ``console`` extra: Starlette, Jinja2, uvicorn)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from amqp_events.cli.context import current_context, one_line_errors
+from amqp_events.console.security import Access, hash_password, refuses_to_start
+
+
+@click.group(invoke_without_command=True)
+@click.option("--bind", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="Where to listen.")
+@click.pass_context
+@one_line_errors
+def console(ctx: click.Context, bind: str) -> None:
+    """Serve the console: every service of the vhost, their archives, replay, purge, pause and resume.
+
+    Off a loopback address it needs credentials (AMQP_EVENTS_CONSOLE_USERS, AMQP_EVENTS_CONSOLE_TOKEN,
+    AMQP_EVENTS_CONSOLE_READ_TOKEN: see README, "Console").
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        import uvicorn
+
+        from amqp_events.console.fleet import Fleet
+        from amqp_events.console.web import console_app
+    except ImportError as exc:
+        extra = "pip install 'celery-amqp-events[console]'"
+        raise click.ClickException(f"the console needs its extra: {extra} ({exc})") from None
+    host, _, port = bind.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.BadParameter(f"{bind!r} is not HOST:PORT", param_hint="--bind")
+    try:
+        access = Access.from_environment(os.environ)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    refused = refuses_to_start(host, access)
+    if refused is not None:
+        raise click.ClickException(refused)
+    context = current_context()
+    app = context.app_or_any("console")
+    fleet = Fleet(app, context.management, context.vhost, own=bool(context.app_name))
+    click.echo(f"console of vhost {context.vhost!r} on http://{bind}/", err=True)
+    uvicorn.run(console_app(fleet, access), host=host.strip("[]"), port=int(port), log_level="warning")
+
+
+@console.command("hash-password")
+def hash_password_command() -> None:
+    """Print a password's hash for AMQP_EVENTS_CONSOLE_USERS (name:role:hash)."""
+    password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    click.echo(hash_password(password))

@@ -1,0 +1,173 @@
+"""The console's JSON API: what its pages show and do, for scripts too (documented in the README, "Console").
+
+========================================================  ==========================================
+``GET  /api/services``                                    the services found, their queues and archive sizes
+``GET  /api/services/{service}/archive``                  archived messages (``?event=&reason=&since=&id=&limit=``)
+``GET  /api/services/{service}/archive/{id}``             one, with its arguments, exception and traceback
+``POST /api/services/{service}/archive/replay``           replay ``{"ids": [...]}`` or ``{"event", "reason", "since"}``
+``POST /api/services/{service}/archive/purge``            the same choice, and ``"confirm": "<service>"``
+``POST /api/services/{service}/handlers/{handler}/pause``  pause a handler in every worker (``resume``: again)
+========================================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from amqp_events.archive import Selection
+from amqp_events.clock import parse_moment
+from amqp_events.console.fleet import Fleet
+from amqp_events.errors import SteeringError
+from amqp_events.wire.archived import ArchivedMessage
+from amqp_events.wire.message import Reason
+
+#: The most messages one listing returns.
+MAX_LIMIT = 10_000
+REASONS = {reason.value for reason in Reason}
+
+
+def fleet_of(request: Request) -> Fleet:
+    fleet: Fleet = request.app.state.fleet
+    return fleet
+
+
+def chosen(values: dict[str, Any], default_limit: int | None = None) -> Selection:
+    """The archived messages a request chooses; a clear 400 for a malformed choice."""
+    ids = values.get("ids") or ([values["id"]] if values.get("id") else [])
+    if not isinstance(ids, list) or not all(isinstance(one, str) and one for one in ids):
+        raise HTTPException(400, "ids: a list of message ids")
+    reason = values.get("reason") or None
+    if reason is not None and reason not in REASONS:
+        raise HTTPException(400, f"reason: one of {', '.join(sorted(REASONS))}")
+    event = values.get("event") or None
+    if event is not None and not isinstance(event, str):
+        raise HTTPException(400, "event: an event name")
+    limit = values.get("limit", default_limit)
+    try:
+        limit = None if limit in (None, "") else int(limit)
+    except (TypeError, ValueError):
+        limit = -1
+    if limit is not None and not 0 < limit <= MAX_LIMIT:
+        raise HTTPException(400, f"limit: a whole number from 1 to {MAX_LIMIT}")
+    since = values.get("since") or None
+    try:
+        since_time = None if since is None else parse_moment(str(since), datetime.now(timezone.utc))
+    except ValueError as exc:
+        raise HTTPException(400, f"since: {exc}") from None
+    return Selection.of(ids=ids, event=event, reason=reason, limit=limit, since=since_time)
+
+
+def detail(message: ArchivedMessage) -> dict[str, Any]:
+    """An archived message as the console shows it: its summary, arguments, traceback, trace and headers."""
+    return {
+        **message.summary(),
+        "payload": message.payload,
+        "traceback": message.traceback,
+        "last_failure_at": message.last_failure_at.isoformat() if message.last_failure_at else None,
+        "trace_id": trace_id(message.headers.get("traceparent")),
+        "headers": {name: value for name, value in message.headers.items() if isinstance(value, str | int | float)},
+    }
+
+
+def trace_id(traceparent: object) -> str | None:
+    """The trace id of a W3C ``traceparent`` header (``00-<trace id>-<span id>-<flags>``)."""
+    parts = traceparent.split("-") if isinstance(traceparent, str) else []
+    return parts[1] if len(parts) == 4 else None
+
+
+async def services(request: Request) -> JSONResponse:
+    found = await run_in_threadpool(fleet_of(request).services)
+    return JSONResponse([{**asdict(service), "consumers": service.consumers} for service in found])
+
+
+async def archive(request: Request) -> JSONResponse:
+    selection = chosen(dict(request.query_params), default_limit=MAX_LIMIT)
+    messages = await run_in_threadpool(fleet_of(request).archived, request.path_params["service"], selection)
+    return JSONResponse({"messages": [message.summary() for message in messages]})
+
+
+async def archived_one(request: Request) -> JSONResponse:
+    chosen_one = Selection.of(ids=[request.path_params["id"]])
+    found = await run_in_threadpool(fleet_of(request).archived, request.path_params["service"], chosen_one)
+    if not found:
+        raise HTTPException(404, f"no archived message {request.path_params['id']!r}")
+    return JSONResponse(detail(found[0]))
+
+
+async def replay(request: Request) -> JSONResponse:
+    selection = chosen(await body_of(request))
+    if not (selection.ids or selection.event or selection.reason or selection.since):
+        raise HTTPException(400, "choose what to replay: ids, or an event, a reason or a time")
+    replayed = await run_in_threadpool(fleet_of(request).replay, request.path_params["service"], selection, by(request))
+    if selection.ids and not any(replayed.values()):
+        raise HTTPException(404, f"no archived message with the id(s) {', '.join(sorted(selection.ids))}")
+    return JSONResponse(replayed)
+
+
+async def purge(request: Request) -> JSONResponse:
+    values = await body_of(request)
+    service = request.path_params["service"]
+    if values.get("confirm") != service:
+        raise HTTPException(400, f"a purge cannot be undone: confirm it with the service's name, {service!r}")
+    selection = chosen(values)
+    if not (selection.ids or selection.event or selection.reason or selection.since):
+        raise HTTPException(400, "choose what to purge: ids, or an event, a reason or a time")
+    purged = await run_in_threadpool(fleet_of(request).purge, service, selection, by(request))
+    if selection.ids and not purged:
+        raise HTTPException(404, f"no archived message with the id(s) {', '.join(sorted(selection.ids))}")
+    return JSONResponse({"purged": purged})
+
+
+async def pause(request: Request) -> JSONResponse:
+    return await steer(request, "open")
+
+
+async def resume(request: Request) -> JSONResponse:
+    return await steer(request, "close")
+
+
+async def steer(request: Request, action: str) -> JSONResponse:
+    """Open (pause) or close (resume) a handler's breaker in every live worker of the service."""
+    service, handler = request.path_params["service"], request.path_params["handler"]
+    try:
+        matched = await run_in_threadpool(fleet_of(request).steer, service, handler, action, by(request))
+    except SteeringError as exc:
+        raise HTTPException(409, str(exc)) from None
+    if not matched:
+        raise HTTPException(404, f"no live worker of {service!r} has a handler called {handler!r}")
+    return JSONResponse({"workers": matched})
+
+
+async def body_of(request: Request) -> dict[str, Any]:
+    try:
+        values = await request.json()
+    except ValueError:
+        raise HTTPException(400, "the request's body is not JSON") from None
+    if not isinstance(values, dict):
+        raise HTTPException(400, "the request's body is not a JSON object")
+    return values
+
+
+def by(request: Request) -> str:
+    """Who made a change, as the replayed message and the audit log record it."""
+    client = request.client.host if request.client else "?"
+    return f"{request.state.who.name}@console({client})"
+
+
+routes = [
+    Route("/api/services", services),
+    Route("/api/services/{service}/archive", archive),
+    Route("/api/services/{service}/archive/replay", replay, methods=["POST"]),
+    Route("/api/services/{service}/archive/purge", purge, methods=["POST"]),
+    Route("/api/services/{service}/archive/{id}", archived_one),
+    Route("/api/services/{service}/handlers/{handler}/pause", pause, methods=["POST"]),
+    Route("/api/services/{service}/handlers/{handler}/resume", resume, methods=["POST"]),
+]

@@ -1,0 +1,112 @@
+"""The console's web application (Starlette): who is asking, the CSRF check on every change, clear 4xx errors.
+
+Every request is authenticated first (:mod:`amqp_events.console.security`):
+an unknown caller gets a 401 asking for HTTP Basic credentials. A change
+(any ``POST``) also needs the operator role and the CSRF token: the page
+sets it in the ``csrf`` cookie and sends it back in the ``X-CSRF-Token``
+header (double submit); a script with a bearer token sends no cookie and
+is not a browser a forged page could drive, so it needs none. Errors are
+JSON ``{"error": ...}`` with a 4xx status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from amqp_events.console import api, pages
+from amqp_events.console.fleet import Fleet
+from amqp_events.console.security import Access, Who, csrf_matches, csrf_token, is_loopback
+from amqp_events.errors import ManagementError, UnknownService
+
+logger = logging.getLogger(__name__)
+CSRF_COOKIE, CSRF_HEADER = "csrf", "x-csrf-token"
+
+
+def console_app(fleet: Fleet, access: Access) -> Starlette:
+    """The console for ``fleet``'s vhost, letting in whoever ``access`` knows."""
+
+    @contextlib.asynccontextmanager
+    async def listening(_: Starlette) -> AsyncIterator[None]:
+        fleet.listen()
+        yield
+        fleet.stop()
+
+    app = Starlette(
+        routes=[*pages.routes, *api.routes],
+        middleware=[Middleware(Guard, access=access)],
+        exception_handlers={
+            HTTPException: http_error,
+            UnknownService: not_found,
+            ManagementError: unavailable,
+            **dict.fromkeys(fleet.app.context.transport.errors, unavailable),
+            Exception: server_error,
+        },
+        lifespan=listening,
+    )
+    app.state.fleet = fleet
+    return app
+
+
+class Guard(BaseHTTPMiddleware):
+    """Authentication, the operator role and the CSRF token for changes; a CSRF cookie for every browser."""
+
+    def __init__(self, app: Any, access: Access) -> None:
+        super().__init__(app)
+        self.access = access
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        client = request.client.host if request.client else ""
+        who = self.access.who(request.headers.get("authorization"), is_loopback(client))
+        if who is None:
+            return JSONResponse(
+                {"error": "authentication required"},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="amqp-events console"'},
+            )
+        if request.method not in ("GET", "HEAD"):
+            refused = self._refuses_change(request, who)
+            if refused is not None:
+                logger.warning("console: %s refused (%s %s): %s", who.name, request.method, request.url.path, refused)
+                return JSONResponse({"error": refused}, status_code=403)
+        request.state.who = who
+        response = await call_next(request)
+        if CSRF_COOKIE not in request.cookies:
+            response.set_cookie(CSRF_COOKIE, csrf_token(), httponly=False, samesite="strict")
+        return response
+
+    def _refuses_change(self, request: Request, who: Who) -> str | None:
+        if not who.may_change:
+            return f"{who.name} may only look (role {who.role})"
+        bearer = request.headers.get("authorization", "").lower().startswith("bearer ")
+        if not bearer and not csrf_matches(request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)):
+            return "missing or wrong CSRF token: reload the page"
+        return None
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    return JSONResponse({"error": str(exc)}, status_code=404)
+
+
+async def unavailable(request: Request, exc: Exception) -> Response:
+    logger.warning("console: %s %s: the broker cannot be reached: %s", request.method, request.url.path, exc)
+    return JSONResponse({"error": f"the broker cannot be reached now: {type(exc).__name__}"}, status_code=503)
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    logger.exception("console: %s %s failed", request.method, request.url.path)
+    return JSONResponse({"error": f"{type(exc).__name__}: the console could not do it (see its log)"}, 500)

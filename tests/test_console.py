@@ -1,0 +1,325 @@
+"""The operator console in a real headless browser (Debian's chromium, driven by Playwright), against a real
+broker and real workers; its JSON API and its security model over plain HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import TESTS, effects_tables, wait_archived
+from playwright.sync_api import sync_playwright
+from test_breakers import queue_state
+
+from amqp_events.console.security import hash_password
+from amqp_events.local.processes import free_port, terminate
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+#: Where the README's screenshots are written (checked in).
+SCREENSHOTS = Path(__file__).parent.parent / "docs" / "console"
+PING = "orders:test.ping"
+#: A browser's CSRF cookie and the header a page of the console sends back with a change.
+CSRF = {"Cookie": "csrf=t", "X-CSRF-Token": "t"}
+
+
+class Console:
+    """``amqp-events console`` in a process of its own, stopped by its PID."""
+
+    def __init__(
+        self, broker_url: str, management_url: str, bind: str, env: dict[str, str] | None = None, app: str = ""
+    ) -> None:
+        command = [sys.executable, "-m", "amqp_events.cli", *(["-A", app] if app else []), "--broker", broker_url,
+                   "--management-url", management_url, "console", "--bind", bind]  # fmt: skip
+        environment = {**os.environ, **(env or {})}
+        self.url = f"http://{bind}"
+        self.process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait_serving(self, probe: str) -> Console:
+        def serving() -> bool:
+            assert self.process.poll() is None, self.output()
+            try:
+                urllib.request.urlopen(probe, timeout=2).close()
+            except urllib.error.HTTPError:
+                return True  # it answers (a 401 is an answer)
+            except OSError:
+                return False
+            return True
+
+        wait_for(serving, 30, what="the console serving")
+        return self
+
+    def output(self) -> str:
+        self.stop()
+        assert self.process.stdout is not None
+        return self.process.stdout.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            terminate(self.process.pid, 10)
+
+
+@pytest.fixture
+def console(broker_url, rabbitmq) -> Iterator[Console]:
+    started = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}")
+    yield started.wait_serving(started.url + "/api/services")
+    started.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    with sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=CHROMIUM)
+        yield launched
+        launched.close()
+
+
+def call(url: str, body: object = None, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    """``(status, JSON answer)`` of a GET (or a POST of ``body``)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def outcome(page, starting: str = "") -> str:
+    """What the page says an action it sent came to, once it says that (a page reloads a moment after a
+    change, and until then shows the outcome of the previous action)."""
+
+    def told() -> str:
+        text: str = page.locator("#outcome").inner_text()
+        return text if text.startswith(starting) else ""
+
+    return wait_for(told, 10, what=f"the page telling an outcome {starting!r}")
+
+
+def test_an_archived_event_is_shown_with_its_traceback_and_after_the_fix_a_click_replays_it(
+    worker, producer, records, archive_of, console, browser
+):
+    failing = worker("orders")
+    event_id = producer.fire("test.ping", ["c1"], {"how": {"permanent": True}})
+    wait_archived(archive_of("orders"), 1)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+
+    def worker_shown() -> int:
+        page.goto(console.url + "/")
+        return page.locator("table.workers").count()
+
+    wait_for(worker_shown, 40, what="the overview showing the worker (from its heartbeats)")
+    card = page.locator("section.service[data-service='orders']")
+    assert card.locator(".archived").inner_text() == "1"
+    assert "non_retryable: 1" in card.inner_text()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / "overview.png", full_page=True)
+
+    page.click("text=orders >> nth=0")
+    row = page.locator(f"tr.message[data-id='{event_id}']")
+    row.locator("summary").click()
+    assert "PermanentFailure: c1 can never succeed" in row.inner_text()
+    assert "Traceback (most recent call last)" in row.locator("pre.traceback").inner_text()
+    page.screenshot(path=SCREENSHOTS / "archive.png", full_page=True)
+
+    failing.stop()
+    worker("orders", env={"FIXED": "1"})  # the fix is deployed
+    row.locator("input.pick").check()
+    page.click("#replay-selected")
+    assert outcome(page, "done: ")
+    page.wait_for_load_state()
+    wait_for(lambda: page.locator(f"tr.message[data-id='{event_id}']").count() == 0, 10, what="the row gone")
+    records.wait(2)  # the failed run, then the replayed one, this time done
+    assert [run["tag"] for run in records.all(id=event_id)] == ["c1", "c1"]
+    assert archive_of("orders").list() == []
+
+
+def test_a_purge_needs_the_service_s_name_typed(worker, producer, archive_of, console, browser):
+    worker("orders")
+    event_id = producer.fire("test.ping", ["p1"], {"how": {"permanent": True}})
+    wait_archived(archive_of("orders"), 1)
+    page = browser.new_page()
+    page.goto(f"{console.url}/services/orders/archive")
+    page.locator(f"tr.message[data-id='{event_id}'] input.pick").check()
+    answers = iter([None, "yes", "orders"])  # dismissed, then a wrong name, then the right one
+
+    def on_prompt(dialog) -> None:
+        answer = next(answers)
+        dialog.dismiss() if answer is None else dialog.accept(answer)
+
+    page.on("dialog", on_prompt)
+    page.click("#purge-selected")
+    page.click("#purge-selected")
+    assert "confirm it with the service's name" in outcome(page, "refused: ")
+    assert archive_of("orders").count() == 1
+    page.click("#purge-selected")
+    assert json.loads(outcome(page, "done: ").removeprefix("done: ")) == {"purged": [event_id]}
+    wait_for(lambda: archive_of("orders").count() == 0, 10, what="the message purged")
+
+
+def test_pausing_a_handler_stops_its_consumption_on_every_worker(worker, producer, records, console, browser):
+    worker("orders")
+    worker("orders", pool="threads", concurrency=2)
+    wait_for(lambda: queue_state(producer, PING)[1] == 2, 30, what="both workers consuming")
+    page = browser.new_page()
+    page.goto(f"{console.url}/services/orders/archive")
+    page.fill("#handler", "on_ping")
+    page.click("#pause")
+    assert len(json.loads(outcome(page, "done: ").removeprefix("done: "))["workers"]) == 2
+    assert queue_state(producer, PING)[1] == 0  # each worker cancelled its consumer before it answered
+    producer.fire("test.ping", ["while paused"], {})
+    time.sleep(2)
+    assert queue_state(producer, PING)[0] == 1 and records.all() == []
+    overview = browser.new_page()
+
+    def breakers_shown() -> int:
+        overview.goto(console.url + "/")
+        workers = overview.locator("table.workers")
+        return workers.inner_text().count("services.orders.on_ping: open") if workers.count() else 0
+
+    wait_for(lambda: breakers_shown() == 2, 40, what="the overview showing the breaker open in both workers")
+    page.click("#resume")
+    records.wait(1)
+
+
+def test_with_a_service_s_app_the_overview_shows_its_inbox(
+    worker, producer, records, broker_url, rabbitmq, tmp_path, browser
+):
+    database = f"sqlite:///{tmp_path / 'payments.db'}"
+    env = {"DATABASE_URL": database}
+    with effects_tables(database):
+        pass  # the tables stay in the file
+    worker("payments", env=env)
+    producer.fire("pay.connection", ["t1"], {})
+    records.wait(1)
+    console = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}",
+                      {**env, "PYTHONPATH": str(TESTS), "BROKER_URL": broker_url}, app="services.payments")  # fmt: skip
+    try:
+        console.wait_serving(console.url + "/api/services")
+        page = browser.new_page()
+        page.goto(console.url + "/")
+        assert page.locator(".inbox").inner_text() == f"inbox amqp_events_inbox ({database}): 1 key(s)"
+        assert "outbox: none configured" in page.locator(".databases").inner_text()
+    finally:
+        console.stop()
+
+
+def test_the_api_answers_bad_input_with_a_clear_4xx(worker, console):
+    worker("orders")
+    assert call(console.url + "/api/services/nobody/archive") == (
+        404,
+        {"error": "no service 'nobody' on this vhost (none has a queue nobody.archive)"},
+    )
+    status, answer = call(console.url + "/api/services/orders/archive?limit=many")
+    assert status == 400 and "limit" in answer["error"]
+    status, answer = call(console.url + "/api/services/orders/archive?since=soon")
+    assert status == 400 and answer["error"].startswith("since: 'soon' is neither an ISO-8601 time")
+    status, answer = call(console.url + "/api/services/orders/archive?reason=bored")
+    assert status == 400 and "reason: one of" in answer["error"]
+    assert call(console.url + "/api/services/orders/archive/no-such-id")[0] == 404
+    status, answer = call(console.url + "/api/services/orders/archive/replay", [1, 2], CSRF)
+    assert status == 400 and "not a JSON object" in answer["error"]
+    status, answer = call(console.url + "/api/services/orders/archive/replay", {}, CSRF)
+    assert status == 400 and "choose what to replay" in answer["error"]
+
+
+def test_a_replay_through_the_api_is_stamped_with_who_made_it(worker, producer, archive_of, console):
+    worker("orders")
+    producer.fire("test.ping", ["again"], {"how": {"permanent": True}})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert "replayed_by" not in archived.headers
+    listing = console.url + "/api/services/orders/archive?since="
+    assert [m["id"] for m in call(listing + "1h")[1]["messages"]] == [archived.id]
+    assert call(listing + "2099-01-01T00:00:00")[1]["messages"] == []
+    status, answer = call(f"{console.url}/api/services/orders/archive/replay", {"ids": [archived.id]}, CSRF)
+    assert (status, answer) == (200, {"replayed": [archived.id], "unroutable": []})
+    [again] = wait_for(lambda: archive_of("orders").list(), 30, what="archived again (the fix is not out)")
+    assert again.headers["replayed_by"] == "local@console(127.0.0.1)"
+
+
+def test_a_broker_that_cannot_be_reached_is_a_503_not_a_traceback():
+    nowhere = free_port()
+    down = Console(
+        f"amqp://guest:guest@127.0.0.1:{nowhere}//", f"http://127.0.0.1:{nowhere}", f"127.0.0.1:{free_port()}"
+    )
+    try:
+        down.wait_serving(down.url + "/api/services")
+        status, answer = call(down.url + "/api/services")
+        assert status == 503 and answer["error"].startswith("the broker cannot be reached now")
+        status, answer = call(down.url + "/api/services/orders/archive/replay", {"ids": ["x"]}, CSRF)
+        assert status == 503
+    finally:
+        down.stop()
+
+
+def test_a_change_without_the_csrf_token_changes_nothing(worker, producer, archive_of, console):
+    worker("orders")
+    producer.fire("test.ping", ["kept"], {"how": {"permanent": True}})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    replay = f"{console.url}/api/services/orders/archive/replay"
+    for forged in ({}, {"Cookie": "csrf=abc"}, {"Cookie": "csrf=abc", "X-CSRF-Token": "xyz"}):
+        status, answer = call(replay, {"ids": [archived.id]}, forged)
+        assert status == 403 and "CSRF" in answer["error"]
+    assert [message.id for message in archive_of("orders").list()] == [archived.id]
+
+
+def an_address_off_loopback() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+        address = probe.getsockname()[0]
+    if address.startswith("127."):
+        pytest.skip("this machine has no address off loopback")
+    return address
+
+
+def test_off_loopback_the_console_refuses_to_start_without_credentials_and_then_asks_for_them(
+    worker, broker_url, rabbitmq
+):
+    worker("orders")
+    address, management = an_address_off_loopback(), rabbitmq.management.base_url
+    without = Console(broker_url, management, f"0.0.0.0:{free_port()}")
+    assert without.process.wait(30) != 0
+    assert "without authentication" in without.output()
+    users = f"ann:read:{hash_password('ann-secret', rounds=1000)},bob:operator:{hash_password('bob', rounds=1000)}"
+    port = free_port()
+    env = {"AMQP_EVENTS_CONSOLE_USERS": users, "AMQP_EVENTS_CONSOLE_TOKEN": "scripts-token"}
+    guarded = Console(broker_url, management, f"0.0.0.0:{port}", env)
+    try:
+        url = f"http://{address}:{port}/api/services"
+        guarded.wait_serving(url)
+        status, answer = call(url)
+        assert status == 401 and answer == {"error": "authentication required"}
+        status, _ = call(url, headers={"Authorization": "Basic " + _basic("ann", "wrong")})
+        assert status == 401
+        status, services = call(url, headers={"Authorization": "Basic " + _basic("ann", "ann-secret")})
+        assert status == 200 and [service["name"] for service in services] == ["orders"]
+        replay = f"http://{address}:{port}/api/services/orders/archive/replay"
+        reader = {"Authorization": "Basic " + _basic("ann", "ann-secret"), **CSRF}
+        status, answer = call(replay, {"ids": ["x"]}, reader)
+        assert status == 403 and answer["error"] == "ann may only look (role read)"
+        status, answer = call(replay, {"ids": ["x"]}, {"Authorization": "Bearer scripts-token"})
+        assert (status, answer) == (404, {"error": "no archived message with the id(s) x"})  # it got that far
+        assert (
+            b"guest"
+            not in urllib.request.urlopen(
+                urllib.request.Request(url, headers={"Authorization": "Bearer scripts-token"})
+            ).read()
+        )  # the broker's credentials are never shown
+    finally:
+        guarded.stop()
+
+
+def _basic(user: str, password: str) -> str:
+    import base64
+
+    return base64.b64encode(f"{user}:{password}".encode()).decode()

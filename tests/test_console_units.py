@@ -1,0 +1,93 @@
+"""The console's pure parts: who may do what, the services found in a queue listing, the charts."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from amqp_events.console.chart import Line, svg
+from amqp_events.console.discovery import services_in
+from amqp_events.console.security import (
+    Access,
+    csrf_matches,
+    hash_password,
+    is_loopback,
+    password_matches,
+    refuses_to_start,
+)
+
+ANN = hash_password("ann-secret", rounds=1000)
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_a_password_hash_matches_its_password_only():
+    assert password_matches("ann-secret", ANN) and not password_matches("ann-secreT", ANN)
+    assert ANN.startswith("pbkdf2_sha256$1000$") and hash_password("ann-secret", rounds=1000) != ANN  # salted
+    assert not password_matches("x", "not a hash")
+
+
+def test_users_and_tokens_come_from_the_environment_and_a_malformed_entry_is_an_error():
+    access = Access.from_environment(
+        {"AMQP_EVENTS_CONSOLE_USERS": f"ann:read:{ANN}", "AMQP_EVENTS_CONSOLE_TOKEN": "op-token"}
+    )
+    assert access.who(basic("ann", "ann-secret"), loopback=False).role == "read"
+    assert access.who(basic("ann", "wrong"), loopback=True) is None  # credentials configured: loopback too
+    assert access.who(basic("nobody", "ann-secret"), loopback=False) is None
+    assert access.who("Bearer op-token", loopback=False).may_change
+    assert access.who("Bearer other", loopback=False) is None and access.who(None, loopback=False) is None
+    assert access.who("Basic !!!not base64", loopback=False) is None
+    with pytest.raises(ValueError, match="is not name:role:hash"):
+        Access.from_environment({"AMQP_EVENTS_CONSOLE_USERS": "ann:admin:pbkdf2_sha256$1$a$b"})
+    with pytest.raises(ValueError, match="is not name:role:hash"):
+        Access.from_environment({"AMQP_EVENTS_CONSOLE_USERS": "ann:read:plain-password"})
+
+
+def test_without_credentials_only_loopback_is_let_in_and_the_console_only_listens_there():
+    nobody = Access()
+    assert nobody.who(None, loopback=True).may_change and nobody.who(None, loopback=False) is None
+    for host in ("127.0.0.1", "::1", "[::1]", "localhost", "127.0.0.2"):
+        assert is_loopback(host) and refuses_to_start(host, nobody) is None
+    for host in ("0.0.0.0", "10.1.2.3", "::", "console.example"):
+        assert "without authentication" in refuses_to_start(host, nobody)
+    assert refuses_to_start("0.0.0.0", Access(tokens={"t": "read"})) is None
+
+
+def test_the_csrf_token_must_be_sent_back_as_it_was_set():
+    assert csrf_matches("abc", "abc")
+    assert not csrf_matches("abc", "abd") and not csrf_matches(None, "abc") and not csrf_matches("", "")
+
+
+def test_services_are_found_by_their_archive_and_take_their_own_queues():
+    listing = [
+        {"name": "orders.archive", "messages": 3, "messages_details": {"samples": [
+            {"sample": 3, "timestamp": 1_700_000_120_000}, {"sample": 1, "timestamp": 1_700_000_060_000}]}},
+        {"name": "orders:billing.paid", "messages_ready": 2, "messages_unacknowledged": 1, "consumers": 2,
+         "members": ["a", "b", "c"], "online": ["a", "b"], "message_stats": {
+             "publish_details": {"rate": 4.0}, "ack_details": {"rate": 3.5, "samples": [
+                 {"sample": 170, "timestamp": 1_700_000_120_000}, {"sample": 100, "timestamp": 1_700_000_060_000}]}}},
+        {"name": "orders.ordered.00", "consumers": 1},
+        {"name": "orders-eu:billing.paid"},
+        {"name": "shipping.archive"},
+        {"name": "odd.name.archive"},  # not a service's name: no service
+        {"name": "amqp_events.history"},
+    ]  # fmt: skip
+    orders, shipping = services_in(listing)
+    assert (orders.name, orders.archived, shipping.name, shipping.archived) == ("orders", 3, "shipping", 0)
+    assert [queue.name for queue in orders.queues] == ["orders.ordered.00", "orders:billing.paid"]
+    paid = orders.queues[1]
+    assert (paid.ready, paid.unacked, paid.consumers, paid.incoming, paid.acked) == (2, 1, 2, 4.0, 3.5)
+    assert (paid.replicas, paid.online) == (3, 2) and orders.consumers == 2
+    assert orders.archived_over_time == ((1_700_000_060.0, 1.0), (1_700_000_120.0, 3.0))
+    assert orders.handled_over_time == ((1_700_000_120.0, 70.0),)  # per interval, not the running count
+
+
+def test_a_chart_draws_each_line_scaled_to_its_maximum():
+    drawn = svg([Line("archived", ((0.0, 0.0), (60.0, 5.0)), "red"), Line("handled", (), "blue")], "t")
+    assert drawn.count("<polyline") == 2 and 'data-label="archived"' in drawn
+    assert 'points="28.0,132.0 612.0,28.0"' in drawn  # from the bottom left to the top right
+    assert "archived (max 5)" in drawn
+    assert "no samples yet" in svg([Line("archived", (), "red")], "t")
