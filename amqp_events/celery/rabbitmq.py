@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -84,7 +85,7 @@ def _take_all(connection: Any, channel: Any, queue: str, waiting: int, removed: 
     removal's tag is noted in ``removed``)."""
     if not waiting:
         return
-    taken: list[Any] = []
+    taken: deque[Any] = deque()
     channel.basic_qos(0, 0, False)
     tag = channel.basic_consume(queue, no_ack=False, callback=taken.append)
     given = 0
@@ -95,7 +96,7 @@ def _take_all(connection: Any, channel: Any, queue: str, waiting: int, removed: 
             except TimeoutError:
                 break
             continue
-        fetched = taken.pop(0)
+        fetched = taken.popleft()
         given += 1
         body = fetched.body if isinstance(fetched.body, bytes) else str(fetched.body).encode("utf-8")
         stored = StoredMessage(dict(fetched.headers or {}), body, fetched.content_type, fetched.content_encoding)

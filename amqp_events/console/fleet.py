@@ -65,7 +65,10 @@ class Fleet:
         return [replace(service, archived=self.app.archive(service.name).count()) for service in found]
 
     def service(self, name: str) -> ServiceQueues:
-        found = next((service for service in self.services() if service.name == name), None)
+        """The service ``name`` as the management API lists it (its archive not counted: only :meth:`services`
+        counts, for the overview)."""
+        listed = services_in(self.management.queues(self.vhost))
+        found = next((service for service in listed if service.name == name), None)
         if found is None:
             raise UnknownService(f"no service {name!r} on this vhost (none has a queue {name}.archive)")
         return found
