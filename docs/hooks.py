@@ -1,0 +1,69 @@
+"""MkDocs hooks: the reference pages' tables made from the code, so that they cannot drift from it.
+
+A page asks for one with a marker on a line of its own: ``<!-- generated: settings -->`` (every
+``amqp_events_*`` setting: its type, default and meaning, from :class:`amqp_events.settings.Settings`),
+``<!-- generated: cli -->`` (every ``amqp-events`` command's ``--help``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any
+
+import click
+
+FIELD = re.compile(r"^    (?P<name>\w+): (?P<type>[^=]+?) = (?P<default>.+)$")
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+    return markdown.replace("<!-- generated: settings -->", settings_table()).replace(
+        "<!-- generated: cli -->", cli_reference()
+    )
+
+
+def settings_table() -> str:
+    """One row per field of ``Settings``, its ``#:`` comment as the meaning."""
+    from amqp_events import settings
+
+    source = inspect.getsource(settings.Settings).splitlines()
+    rows, comment = [], []
+    for line in source:
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            comment.append(stripped[2:].strip())
+            continue
+        field = FIELD.match(line)
+        if field:
+            default = field["default"].replace("|", "\\|")
+            rows.append(
+                f"| `{settings.SETTING_PREFIX}{field['name']}` | `{field['type'].strip()}` | `{default}` | "
+                f"{' '.join(comment)} |"
+            )
+        comment = []
+    environment = "".join(
+        f"| `{variable}` | `{setting}` |\n" for variable, (setting, _) in sorted(settings.ENVIRONMENT.items())
+    )
+    return (
+        "| setting | type | default | meaning |\n|---|---|---|---|\n"
+        + "\n".join(rows)
+        + "\n\nEnvironment variables read when an app is made:\n\n| variable | sets |\n|---|---|\n"
+        + environment
+    )
+
+
+def cli_reference() -> str:
+    """Every command's ``--help``, group by group."""
+    from amqp_events.cli import main
+
+    parts: list[str] = []
+    _describe(main, "amqp-events", parts)
+    return "\n".join(parts)
+
+
+def _describe(command: click.Command, path: str, parts: list[str]) -> None:
+    context = click.Context(command, info_name=path)
+    parts.append(f"### `{path}`\n\n```\n{command.get_help(context)}\n```\n")
+    if isinstance(command, click.Group):
+        for name in sorted(command.commands):
+            _describe(command.commands[name], f"{path} {name}", parts)
