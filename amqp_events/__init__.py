@@ -3,7 +3,7 @@
 >>> from amqp_events.celery import events_app
 >>> app = events_app("orders", broker_url="amqp://guest:guest@localhost:5672/")
 
-The package reads as its architecture (README, "Project layout"): the core knows nothing of Celery
+The package reads as its architecture (docs/development.md, "Project layout"): the core knows nothing of Celery
 (:mod:`amqp_events.core`), cross-cutting features are middleware (:mod:`amqp_events.middleware`), and
 everything Celery is in one adapter (:mod:`amqp_events.celery`).
 """

@@ -3,17 +3,32 @@
 A page asks for one with a marker on a line of its own: ``<!-- generated: settings -->`` (every
 ``amqp_events_*`` setting: its type, default and meaning, from :class:`amqp_events.settings.Settings`),
 ``<!-- generated: cli -->`` (every ``amqp-events`` command's ``--help``).
+
+Pages that include a file of the repository's root (``BENCHMARKS.md``) keep its links: the files it links to
+outside ``docs/`` are added to the site at the same path (:data:`ROOT_FILES`).
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 from typing import Any
 
 import click
+from mkdocs.structure.files import File, Files
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Files outside ``docs/`` that an included page links to, by their path from the root.
+ROOT_FILES = ("bench/chart.png",)
 
 FIELD = re.compile(r"^    (?P<name>\w+): (?P<type>[^=]+?) = (?P<default>.+)$")
+
+
+def on_files(files: Files, config: Any) -> Files:
+    for path in ROOT_FILES:
+        files.append(File.generated(config, path, abs_src_path=str(ROOT / path)))
+    return files
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:

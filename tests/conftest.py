@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import sys
 import time
 import urllib.request
@@ -213,3 +214,18 @@ def effects_tables(url: str) -> Iterator[Any]:
         yield engine
     finally:
         engine.dispose()
+
+
+#: Debian's ``chromium``: Playwright drives it (its own browser download is not used).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless Chromium, driven by Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        launched = driver.chromium.launch(executable_path=CHROMIUM)
+        yield launched
+        launched.close()

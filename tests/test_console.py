@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from conftest import TESTS, effects_tables, wait_archived
-from playwright.sync_api import sync_playwright
 from test_breakers import queue_state
 
 from amqp_events.console.security import hash_password
@@ -25,8 +23,7 @@ from amqp_events.local.processes import free_port, terminate
 from amqp_events.testing import wait_for
 
 pytestmark = pytest.mark.broker
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-#: Where the README's screenshots are written (checked in).
+#: Where the console guide's screenshots are written (checked in).
 SCREENSHOTS = Path(__file__).parent.parent / "docs" / "console"
 PING = "orders:test.ping"
 #: A browser's CSRF cookie and the header a page of the console sends back with a change.
@@ -74,14 +71,6 @@ def console(broker_url, rabbitmq) -> Iterator[Console]:
     started = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}")
     yield started.wait_serving(started.url + "/api/services")
     started.stop()
-
-
-@pytest.fixture
-def browser() -> Iterator[object]:
-    with sync_playwright() as driver:
-        launched = driver.chromium.launch(executable_path=CHROMIUM)
-        yield launched
-        launched.close()
 
 
 def call(url: str, body: object = None, headers: dict[str, str] | None = None) -> tuple[int, object]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_readme import README, README_BROKER, write_blocks
+from docs_pages import EXAMPLE_BROKER, named_blocks, write_blocks
 
 from amqp_events import events_app
 from amqp_events.cli import main
@@ -165,18 +164,17 @@ def test_the_asyncapi_documents_of_the_demo_services_pass_the_asyncapi_parser(no
         sys.modules.pop(service, None)
 
 
-def readme_scripts() -> dict[str, str]:
-    """The README's JavaScript blocks, by the file name on their first line."""
-    blocks = re.findall(r"```javascript\n// (\S+\.js)[^\n]*\n(.*?)```", README, flags=re.S)
-    return {name: body for name, body in blocks}
+def page_scripts() -> dict[str, str]:
+    """The pages' JavaScript blocks, by the file name on their first line."""
+    return {name: body for _, name, body in named_blocks("javascript", "//")}
 
 
-def test_the_readme_node_examples_work_as_written(node, tmp_path, broker_url, start_worker):
+def test_the_node_examples_work_as_written(node, tmp_path, broker_url, start_worker):
     write_blocks(tmp_path, broker_url, "orders/celery.py", "orders/handlers.py", "billing/celery.py")
-    scripts = readme_scripts()
+    scripts = page_scripts()
     assert set(scripts) == {"fire-invoice.js", "read-invoices.js"}
     for name, body in scripts.items():
-        (tmp_path / name).write_text(body.replace(README_BROKER, broker_url))
+        (tmp_path / name).write_text(body.replace(EXAMPLE_BROKER, broker_url))
     orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     wait_for(lambda: "ready" in orders.log(), 30, what="the orders worker")
     subprocess.run(["node", "fire-invoice.js"], cwd=tmp_path, env=node, check=True, timeout=60)

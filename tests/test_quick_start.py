@@ -1,4 +1,4 @@
-"""The README's Quick start as a new user follows it: its files and exactly its commands, on one machine."""
+"""Getting started as a new user follows it: its files and exactly its commands, on one machine."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from docs_pages import code_blocks, page
 from kombu import Connection
-from test_readme import README, code_blocks, section
 
 from amqp_events.core.policy import RetryPolicy
 from amqp_events.settings import Settings
@@ -37,7 +37,7 @@ def write_quick_start(directory: Path, broker_url: str, failing: bool = False) -
 def as_written(start_worker, service: str, directory: Path, env: dict[str, str]):  # type: ignore[no-untyped-def]
     """``celery -A <service>.celery worker`` exactly as the Quick start gives it (no -n, no -P, no --loglevel)."""
     command = f"celery -A {service}.celery worker --without-mingle --without-heartbeat --without-gossip"
-    assert command in section("Quick start")
+    assert command in page("getting-started.md")
     return start_worker(f"{service}.celery", as_written=True, ready=False, cwd=directory, env=env)
 
 
@@ -96,10 +96,10 @@ def test_retries_show_at_the_default_log_level_and_fewer_of_them_archive_sooner(
     policy = RetryPolicy.from_settings(Settings())
     waits = [policy.backoff(retries) for retries in range(policy.max_retries)]
     assert (waits[0], waits[-1], sum(waits)) == (1, 512, 1023)
-    assert "about 17 minutes (1 + 2 + ... + 512 s)" in " ".join(section("Quick start").split())
+    assert "about 17 minutes (1 + 2 + ... + 512 s)" in " ".join(page("getting-started.md").split())
     # ... and about 3 s with the command it gives for development.
     command = "AMQP_EVENTS_MAX_RETRIES=2 celery -A orders.celery worker --without-mingle --without-heartbeat"
-    assert command in README
+    assert command in page("getting-started.md")
     env = write_quick_start(tmp_path, broker_url, failing=True)
     worker = as_written(start_worker, "orders", tmp_path, {**env, "AMQP_EVENTS_MAX_RETRIES": "2"})
     wait_consumers(broker_url, {"orders:billing.invoice.paid": 1})

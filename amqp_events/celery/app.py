@@ -315,7 +315,7 @@ class EventsApp(EventsCelery):
         while unhealthy. ``ordered_by`` (the name of the event's argument that
         holds its key, or a callable given the arguments) handles the events of
         one key one at a time, in the order the broker accepted them, through
-        retries and crashes (README, "Ordered handling"); when one of its
+        retries and crashes (docs/guides/ordering.md); when one of its
         events is archived, ``on_archive`` says whether the later events of
         its key wait for it to be replayed or discarded (``park``) or go on
         (``skip``). Other keyword

@@ -81,7 +81,7 @@ class EventsWorker(Worker):  # type: ignore[misc]
     remote-control queue (``<name>.celery.pidbox``) is exclusive: a second
     worker on the host (another service, or more of the same) dies with
     ``RESOURCE_LOCKED``. Named ``<service>-<pid>@<host>``, every worker
-    started as the README says gets a name of its own.
+    started as the documentation says gets a name of its own.
     """
 
     def __init__(self, app: Any = None, hostname: str | None = None, **kwargs: Any) -> None:

@@ -18,7 +18,7 @@ def console(ctx: click.Context, bind: str) -> None:
     """Serve the console: every service of the vhost, their archives, replay, purge, pause and resume.
 
     Off a loopback address it needs credentials (AMQP_EVENTS_CONSOLE_USERS, AMQP_EVENTS_CONSOLE_TOKEN,
-    AMQP_EVENTS_CONSOLE_READ_TOKEN: see README, "Console").
+    AMQP_EVENTS_CONSOLE_READ_TOKEN: see docs/guides/console.md).
     """
     if ctx.invoked_subcommand is not None:
         return

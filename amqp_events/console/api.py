@@ -1,4 +1,4 @@
-"""The console's JSON API: what its pages show and do, for scripts too (documented in the README, "Console").
+"""The console's JSON API: what its pages show and do, for scripts too (documented in docs/guides/console.md).
 
 ========================================================  ==========================================
 ``GET  /api/services``                                    the services found, their queues and archive sizes

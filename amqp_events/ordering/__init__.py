@@ -1,6 +1,6 @@
 """Ordered handling per key: one aggregate's events handled one at a time, in the order the broker took them.
 
-How it works (README, "Ordered handling"):
+How it works (docs/guides/ordering.md):
 
 * **Partitions.** A service's ordered handlers share ``amqp_events_partitions``
   quorum queues, ``<service>.ordered.NN``. A key falls into one of 64 slots

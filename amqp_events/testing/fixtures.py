@@ -227,7 +227,7 @@ def start_worker(
     The worker gets ``BROKER_URL`` (this test's vhost) in its environment,
     runs with the recommended flags, and is stopped when the test ends.
     ``as_written=True`` runs ``celery -A APP worker`` with the recommended
-    flags only, as the README says (Celery's default pool, name and log
+    flags only, as the documentation says (Celery's default pool, name and log
     level: it logs no "ready" line, so wait for its consumers instead).
     """
     workers: list[WorkerProcess] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from amqp_events.errors import WorkerStartError
 
-#: Flags every worker of this library should run with (README, "Running workers").
+#: Flags every worker of this library should run with (docs/guides/production.md, "Running workers").
 WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
 
 

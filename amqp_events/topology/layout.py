@@ -1,7 +1,7 @@
 """A service's exchanges, queues and bindings, computed as plain kombu objects.
 
 Nothing here talks to a broker: :mod:`amqp_events.topology.declare` does that. The
-layout (README, "Topology") for a service ``orders`` handling ``E`` events:
+layout (docs/reference/topology.md) for a service ``orders`` handling ``E`` events:
 
 * ``events`` (topic): every fired event, routing key = event name.
 * ``orders:<event>`` (quorum queue, one per handled event): bound to

@@ -1,4 +1,4 @@
-"""The README's examples, run as written against a real broker."""
+"""The examples of the README and the documentation site, run as written against a real broker."""
 
 from __future__ import annotations
 
@@ -15,35 +15,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from docs_pages import ALL_PAGES, EXAMPLE_BROKER, PAGES, ROOT, code_blocks, named_blocks, page, write_blocks
 
 from amqp_events import events_app
 from amqp_events.cli import main
 from amqp_events.testing import json_lines, wait_for
-
-ROOT = Path(__file__).parent.parent
-README = (ROOT / "README.md").read_text()
-README_BROKER = "amqp://guest:guest@localhost:5672/"
-
-
-def code_blocks() -> dict[str, str]:
-    """Python blocks of the README whose first line names their file (``# orders/celery.py``)."""
-    blocks = re.findall(r"```python\n# (\S+\.py)\n(.*?)```", README, flags=re.S)
-    return {name: body for name, body in blocks}
-
-
-def write_blocks(directory: Path, broker_url: str, *names: str) -> None:
-    """Write the README's blocks ``names`` into ``directory`` (pointed at ``broker_url``), as packages."""
-    files = code_blocks()
-    for name in names:
-        path = directory / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(files[name].replace(README_BROKER, broker_url))
-        if path.parent != directory:
-            (path.parent / "__init__.py").touch()
-
-
-def section(title: str) -> str:
-    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
@@ -52,12 +28,12 @@ def test_the_quick_start_works_as_written(tmp_path, start_worker, broker_url):
     for name, body in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(body.replace(README_BROKER, broker_url))
+        path.write_text(body.replace(EXAMPLE_BROKER, broker_url))
     workers = {}
     for service in ("orders", "shipping"):
         (tmp_path / service / "__init__.py").write_text("")
         command = f"celery -A {service}.celery worker --without-mingle --without-heartbeat --without-gossip"
-        assert command in section("Quick start")
+        assert command in page("getting-started.md")
         workers[service] = start_worker(f"{service}.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     fired = subprocess.run([sys.executable, "fire.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert fired.returncode == 0, fired.stderr
@@ -151,7 +127,7 @@ def test_the_in_process_testing_examples_pass_as_written_without_a_broker(tmp_pa
     for name in (*tests, "orders/celery.py", "orders/handlers.py", "shipping/celery.py", "payments/handlers.py"):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(files[name])  # README_BROKER as written: nothing listens there, nothing may connect
+        path.write_text(files[name])  # EXAMPLE_BROKER as written: nothing listens there, nothing may connect
     for package in ("orders", "shipping", "payments"):
         (tmp_path / package / "__init__.py").write_text("")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
@@ -189,7 +165,7 @@ def test_the_operating_example_works_as_written(tmp_path, start_worker, broker_u
         assert result.exit_code == 0, result.output
         return result.output
 
-    commands = [line.strip()[2:] for line in section("Operating").splitlines() if line.strip().startswith("$ ")]
+    commands = [line.strip()[2:] for line in page("guides/archive.md").splitlines() if line.strip().startswith("$ ")]
     listing, show, replay, final = commands
     wait_for(lambda: event_id in run(listing), 20, what="the message in the archive")
     assert "non_retryable" in run(listing) and "no shipping address for customer 'nobody'" in run(listing)
@@ -216,13 +192,13 @@ def test_the_outbox_example_works_as_written(tmp_path, start_worker, broker_url,
     for name in ("orders/celery.py", "orders/handlers.py", "shop/celery.py", "shop/checkout.py"):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(files[name].replace(README_BROKER, broker_url).replace(README_DATABASE, postgres_url))
+        path.write_text(files[name].replace(EXAMPLE_BROKER, broker_url).replace(README_DATABASE, postgres_url))
         (path.parent / "__init__.py").touch()
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     init, relay = [
         shlex.split(line.strip())
-        for line in section("Outbox: events in your database transaction").splitlines()
+        for line in page("guides/outbox.md").splitlines()
         if line.strip().startswith("amqp-events -A shop.celery outbox")
     ]
     amqp_events = str(Path(sys.executable).parent / "amqp-events")
@@ -247,7 +223,7 @@ def test_the_exactly_once_examples_work_as_written(
 ):
     files = code_blocks()
     replacements = {
-        README_BROKER: broker_url,
+        EXAMPLE_BROKER: broker_url,
         "postgresql+psycopg://payments@localhost/payments": postgres_url,
         "redis://localhost:6379/0": redis_url,
     }
@@ -262,7 +238,7 @@ def test_the_exactly_once_examples_work_as_written(
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     [init] = [
         shlex.split(line.strip())
-        for line in section("Exactly-once effects").splitlines()
+        for line in page("guides/exactly-once.md").splitlines()
         if line.strip().startswith("amqp-events -A payments.celery inbox init")
     ]
     amqp_events = str(Path(sys.executable).parent / "amqp-events")
@@ -310,7 +286,7 @@ def test_the_circuit_breaker_example_works_as_written(tmp_path, start_worker, br
     (tmp_path / "ledger").mkdir()
     (tmp_path / "ledger" / "__init__.py").write_text("")
     (tmp_path / "ledger" / "celery.py").write_text(
-        source.replace(README_BROKER, broker_url).replace("interval=10", "interval=1")  # a quicker test
+        source.replace(EXAMPLE_BROKER, broker_url).replace("interval=10", "interval=1")  # a quicker test
     )
     bank = bank_up()
     port = bank.server_address[1]
@@ -339,7 +315,7 @@ def test_the_circuit_breaker_example_works_as_written(tmp_path, start_worker, br
     monkeypatch.setenv("BANK_URL", env["BANK_URL"])
     monkeypatch.syspath_prepend(str(tmp_path))
     runner = CliRunner()
-    lines = [line.strip() for line in section("Circuit breakers and health checks").splitlines()]
+    lines = [line.strip() for line in page("guides/sections-and-breakers.md").splitlines()]
     assert any("`amqp-events -A APP breakers open post_to_bank`" in line for line in lines)
     for action, count in (("open", 0), ("close", 1)):
         result = runner.invoke(main, ["-A", "ledger.celery", "breakers", action, "void_posting"])
@@ -379,26 +355,61 @@ def test_the_middleware_example_works_as_written(tmp_path, start_worker, broker_
 
 
 def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():
-    blocks = re.findall(r"(<!-- fragment: [^>]+ -->\n)?```python\n(.*?)```", README, flags=re.S)
     tests = "".join(path.read_text() for path in (ROOT / "tests").glob("test_*.py"))
-    named, fragments, neither = [], [], []
-    for mark, body in blocks:
-        compile(body, "README.md", "exec")  # fragments too: at least they parse
-        first = body.split("\n", 1)[0]
-        if mark:
-            fragments.append(first)
-        elif re.fullmatch(r"# \S+\.py", first):
-            named.append(first[2:])
-        else:
-            neither.append(first)
+    named, fragments, neither = set(), [], []
+    for path, text in PAGES.items():
+        for mark, body in re.findall(r"(<!-- fragment: [^>]+ -->\n)?```python\n(.*?)```", text, flags=re.S):
+            compile(body, path, "exec")  # fragments too: at least they parse
+            first = body.split("\n", 1)[0]
+            if mark:
+                fragments.append(first)
+            elif re.fullmatch(r"# \S+\.py", first):
+                named.add(first[2:])
+            else:
+                neither.append(f"{path}: {first}")
     assert neither == []
     assert [name for name in named if f'"{name}"' not in tests] == []  # each named block is written by a test
-    assert (len(named), len(fragments)) == (23, 7)
+    assert (len(named), len(fragments)) == (24, 7)
+
+
+def test_a_file_named_on_two_pages_is_the_same_file():
+    bodies: dict[str, set[str]] = {}
+    for _, name, body in named_blocks():
+        bodies.setdefault(name, set()).add(body)
+    assert {name for name, found in bodies.items() if len(found) > 1} == set()
+
+
+def test_the_readme_is_a_landing_page_whose_set_up_commands_come_first():
+    readme = page("README.md")
+    assert len(readme.splitlines()) < 200
+    first_commands = [line.strip() for line in readme.splitlines()[2:4]]
+    assert [command.split("#")[0].strip() for command in first_commands] == ["bash scripts/demo", "bash scripts/test"]
+    for script in ("demo", "test"):
+        assert (ROOT / "scripts" / script).exists()
+    linked = re.findall(r"\]\(((?:docs/)?[\w/.-]+\.md)\)", readme)
+    assert linked and [path for path in linked if not (ROOT / path).is_file()] == []
+
+
+def test_the_twenty_line_example_works_as_written(tmp_path, start_worker, broker_url):
+    write_blocks(tmp_path, broker_url, "shop.py")
+    assert len(code_blocks()["shop.py"].splitlines()) <= 20
+    commands = [line.strip() for line in page("README.md").split("## In 20 lines", 1)[1].splitlines()]
+    worker = "celery -A shop worker --without-mingle --without-heartbeat --without-gossip"
+    assert worker in commands
+    [fire] = [line.split("   #")[0] for line in commands if line.startswith("python -c ")]
+    env = {"PYTHONPATH": str(tmp_path)}
+    shop = start_worker("shop", cwd=tmp_path, env=env)
+    fired = subprocess.run(
+        [sys.executable, *shlex.split(fire)[1:]], cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert fired.returncode == 0, fired.stderr
+    wait_for(lambda: "invoice 42 paid: 10.00" in shop.log(), 30, what="the handler's output")
 
 
 def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):
     files = code_blocks()
-    [pyproject] = re.findall(r"```toml\n# pyproject.toml\n(.*?)```", section("Testing your services"), flags=re.S)
+    [pyproject] = re.findall(r"```toml\n# pyproject.toml\n(.*?)```", page("guides/testing.md"), flags=re.S)
     (tmp_path / "pyproject.toml").write_text(pyproject)
     for name in ("tests/conftest.py", "tests/test_invoices.py", "orders/celery.py", "orders/handlers.py",
                  "shipping/celery.py"):  # fmt: skip
@@ -424,10 +435,10 @@ def test_the_extras_bring_what_their_names_say():
     assert [requirement.split(">")[0] for requirement in extras["testing"]] == ["pytest"]
 
 
-def test_every_test_the_readme_names_exists():
+def test_every_test_the_pages_name_exists():
     """The "shown by" columns and paragraphs name tests (``test_archive.py::test_...``): renaming one must not leave a
     dangling reference."""
-    named = set(re.findall(r"(test_\w+\.py)::(test_\w+)", README))
+    named = set(re.findall(r"(test_\w+\.py)::(test_\w+)", ALL_PAGES))
     assert named
     missing = [
         f"{module}::{test}"
@@ -443,7 +454,7 @@ def test_a_read_model_catches_up_from_the_history_as_written(tmp_path, start_wor
     billing.declare_topology()
     for invoice in (1, 2, 3):  # before the reports service exists
         billing.fire("billing.invoice.paid", [invoice, f"{invoice}.00"])
-    commands = [line.strip() for line in section("Event history").splitlines() if line.startswith("    amqp-events")]
+    commands = [line.strip() for line in page("guides/history.md").splitlines() if line.startswith("    amqp-events")]
     assert len(commands) == 2
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     amqp_events = str(Path(sys.executable).parent / "amqp-events")
@@ -454,7 +465,7 @@ def test_a_read_model_catches_up_from_the_history_as_written(tmp_path, start_wor
         assert done.returncode == 0, done.stdout + done.stderr
     assert "replayed 3 event(s) to reports" in done.stdout
     worker = "celery -A reports.celery worker --without-mingle --without-heartbeat --without-gossip"
-    assert worker in section("Event history")
+    assert worker in page("guides/history.md")
     start_worker("reports.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     billing.fire("billing.invoice.paid", [4, "4.00"])  # live
     billing.close()
