@@ -4,6 +4,8 @@ A page asks for one with a marker on a line of its own: ``<!-- generated: settin
 ``amqp_events_*`` setting: its type, default and meaning, from :class:`amqp_events.settings.Settings`),
 ``<!-- generated: cli -->`` (every ``amqp-events`` command's ``--help``).
 
+The docstrings' Sphinx roles (``:class:`~amqp_events.Reason```) are shown as code, as Sphinx would.
+
 Pages that include a file of the repository's root (``BENCHMARKS.md``) keep its links: the files it links to
 outside ``docs/`` are added to the site at the same path (:data:`ROOT_FILES`).
 """
@@ -22,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Files outside ``docs/`` that an included page links to, by their path from the root.
 ROOT_FILES = ("bench/chart.png",)
 
+#: A Sphinx role left in a docstring (``:class:`~amqp_events.Reason```), as the API page renders it.
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|data|mod|exc):<code>(~?)([^<]*)</code>")
 FIELD = re.compile(r"^    (?P<name>\w+): (?P<type>[^=]+?) = (?P<default>.+)$")
 
 
@@ -35,6 +39,11 @@ def on_page_markdown(markdown: str, **_: Any) -> str:
     return markdown.replace("<!-- generated: settings -->", settings_table()).replace(
         "<!-- generated: cli -->", cli_reference()
     )
+
+
+def on_page_content(html: str, **_: Any) -> str:
+    """The docstrings use Sphinx's roles; the site shows their targets as code (``~`` keeps the last name)."""
+    return SPHINX_ROLE.sub(lambda role: f"<code>{role[2].rsplit('.', 1)[-1] if role[1] else role[2]}</code>", html)
 
 
 def settings_table() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -69,10 +70,18 @@ def test_the_home_page_and_a_guide_read_as_written(site, browser):
     page.screenshot(path=SCREENSHOTS / "guide.png")
 
 
-def test_the_command_line_reference_has_every_command(site, browser):
+def test_the_command_line_and_api_references_come_from_the_code(site, browser):
+    import amqp_events
     from amqp_events.cli import main
 
     page = browser.new_page()
     page.goto(f"{site}/reference/cli/", timeout=30_000)
     text = page.inner_text("article")
     assert all(f"amqp-events {name}" in text for name in main.commands)
+    page.goto(f"{site}/reference/api/", timeout=30_000)
+    text = page.inner_text("article")
+    exceptions = [name for name in amqp_events.__all__ if isinstance(getattr(amqp_events, name), type)
+                  and issubclass(getattr(amqp_events, name), Exception)]  # fmt: skip
+    assert exceptions and [name for name in exceptions if name not in text] == []
+    assert re.findall(r":(?:class|func|meth|attr):", text) == []  # the docstrings' Sphinx roles, shown as code
+    assert amqp_events.events_app.__doc__.split("\n", 1)[0].replace("``", "") in " ".join(text.split())
