@@ -10,10 +10,14 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
-#: Every page by its path from the root: ``README.md``, ``docs/guides/firing.md``, ...
+_SITE = {str(path.relative_to(ROOT)): path.read_text() for path in sorted((ROOT / "docs").rglob("*.md"))}
+#: Files of the root the site's pages include (``docs/benchmarks.md``: ``--8<-- "BENCHMARKS.md"``).
+INCLUDED = re.findall(r'^--8<-- "([^"]+)"$', "\n".join(_SITE.values()), flags=re.M)
+#: Every page by its path from the root: ``README.md``, ``docs/guides/firing.md``, ``RELIABILITY.md``, ...
 PAGES = {
-    str(path.relative_to(ROOT)): path.read_text()
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    "README.md": (ROOT / "README.md").read_text(),
+    **_SITE,
+    **{name: (ROOT / name).read_text() for name in INCLUDED},
 }
 #: All of them, for what may be said on any page.
 ALL_PAGES = "\n".join(PAGES.values())
