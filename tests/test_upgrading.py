@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from docs_pages import code_blocks, page
+from test_breakers import queue_state
 
 from amqp_events.testing import json_lines, wait_for
 from amqp_events.testing.workers import WORKER_FLAGS, WorkerProcess
@@ -78,8 +79,7 @@ def test_a_service_moves_from_0_1_0_as_the_guide_says(tmp_path, rabbitmq, vhost,
         return sorted(line["invoice"] for line in json_lines(journal) if line["version"] == version)
 
     def messages(queue: str) -> int:
-        with producer.connection_for_read() as connection:
-            return int(connection.default_channel.queue_declare(queue, passive=True).message_count)
+        return queue_state(producer, queue)[0]
 
     argv = [legacy, "-m", "celery", "-A", "orders.celery", "worker", *WORKER_FLAGS, "-P", "solo", "--loglevel=INFO"]
     old_worker = WorkerProcess(argv, {**env, "PYTHONPATH": str(old)}, old, tmp_path / "old-worker.log")
