@@ -318,7 +318,8 @@ def test_the_circuit_breaker_example_works_as_written(tmp_path, start_worker, br
     lines = [line.strip() for line in page("guides/sections-and-breakers.md").splitlines()]
     assert any("`amqp-events -A APP breakers open post_to_bank`" in line for line in lines)
     for action, count in (("open", 0), ("close", 1)):
-        result = runner.invoke(main, ["-A", "ledger.celery", "breakers", action, "void_posting"])
+        # Replies wait the whole --wait; a loaded machine (a cluster test beside this one) can take over 3 s.
+        result = runner.invoke(main, ["-A", "ledger.celery", "breakers", action, "void_posting", "--wait", "10"])
         assert result.exit_code == 0 and f"{action}: 1 worker(s)" in result.output, result.output
         assert consumers(voided)[1] == count
     listed = runner.invoke(main, ["-A", "ledger.celery", "breakers", "--wait", "3"])
