@@ -138,10 +138,14 @@ def test_with_prefork_the_children_follow_the_breaker_of_their_main_process(work
     (flags / "payments-down").touch()
     fire(producer, "guarded.charge", range(100))
     time.sleep(6)
-    failed = records.all(failed=True)
     held = queue_state(producer, CHARGE)[0]
+    tripped = len(records.all(failed=True))
+    time.sleep(4)
+    failed = records.all(failed=True)
     assert held >= 80  # waiting on the broker, not burning retries in the children
-    assert len(failed) < 30, len(failed)  # 3 to trip, then one half-open probe per 2 s, per child at most
+    # Once tripped, the children run only the one half-open probe of each 2 s open period. (How many ran before
+    # the trip depends on how soon the main process's tick sees the third failure: later on a loaded machine.)
+    assert len(failed) - tripped <= 3, (tripped, len(failed))
     assert len({run["pid"] for run in failed}) <= 2
     (flags / "payments-down").unlink()
     wait_for(lambda: len(records.all(failed=False)) == 100, 60, what="every charge handled after the recovery")
