@@ -225,6 +225,7 @@ def running_nodes(cluster, index: int) -> list[str]:
     return json.loads(status).get("running_nodes", [])
 
 
+@pytest.mark.timeout(600)  # the retries' wait below is up to 300 s
 def test_a_network_partition_loses_nothing_confirmed_and_the_majority_goes_on(
     cluster, cluster_url, on_cluster, records, tmp_path
 ):
