@@ -70,6 +70,14 @@ class BreakerOpen(Exception):
     """A prefetched message was handed back unrun: its handler's circuit breaker is open."""
 
 
+class Expired(Exception):
+    """A message arrived after its ``expires`` time: it is archived unrun."""
+
+
+class Postponed(Exception):
+    """A message arrived before its ``eta``: it waits the rest on the broker."""
+
+
 class Refused(Exception):
     """A worker cannot run a message at all (a CloudEvent it cannot read, a body that is not an event...).
 

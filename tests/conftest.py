@@ -153,6 +153,30 @@ def cli(broker_url: str, monkeypatch: pytest.MonkeyPatch, rabbitmq: Any) -> Call
     return invoke
 
 
+#: The ``amqp-events`` command as installed beside this Python (the entry point a user runs).
+AMQP_EVENTS = str(Path(sys.executable).parent / "amqp-events")
+
+
+@pytest.fixture
+def cli_process(broker_url: str, rabbitmq: Any) -> Callable[..., Any]:
+    """``cli_process("archive", "list")``: runs the installed ``amqp-events -A services.orders ...`` in a
+    process of its own (output captured as text, 120 s at most)."""
+    import os
+    import subprocess
+
+    environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS),
+                   "AMQP_EVENTS_MANAGEMENT_URL": rabbitmq.management.base_url}  # fmt: skip
+
+    def run(*args: str, app: str | None = "services.orders", input: str | None = None) -> Any:
+        prefix = ["-A", app] if app else []
+        return subprocess.run(
+            [AMQP_EVENTS, *prefix, *args], env=environment, cwd=TESTS, input=input, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+
+    return run
+
+
 @pytest.fixture
 def service_app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
     """``service_app("orders")``: the app of ``services/orders.py``, imported afresh for this test's vhost."""

@@ -25,13 +25,12 @@ from celery import signals
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.worker.consumer import Consumer
 from kombu import Connection
-from kombu.exceptions import ContentDisallowed
 from kombu.message import Message
 from vine import promise
 
 from amqp_events.celery.loop import LoopWaker, acks_now
 from amqp_events.celery.ordered import OrderedRunner
-from amqp_events.celery.received import Archiver, admit
+from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.errors import TopologyMismatch
@@ -56,6 +55,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        install_limits()
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
         self.loop_thread = threading.get_ident()
@@ -105,9 +105,9 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         run = super().create_task_handler(promise)
 
         def on_task_received(message: Message) -> Any:
-            refused = admit(message, self.app.context)
-            if refused is not None:
-                return self.archiver.archive(message, *refused)
+            verdict = admit(message, self.app.context)
+            if verdict is not None:
+                return self.archiver.take(message, verdict)
             return run(message)
 
         return on_task_received
@@ -117,7 +117,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     # queue's dead-letter exchange would bring straight back). Each is archived instead.
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        self.archiver.archive(message, Reason.UNDECODABLE, exc)
+        self.archiver.take(message, admit(message, self.app.context) or decoding_failed(exc))
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
         self.archiver.archive(message, Reason.UNDECODABLE, handling.not_an_event())
@@ -127,8 +127,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         self.archiver.archive(message, Reason.UNKNOWN_EVENT, handling.unknown_event(self.app.service, name))
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
-        reason = Reason.FORBIDDEN_CONTENT_TYPE if isinstance(exc, ContentDisallowed) else Reason.UNDECODABLE
-        self.archiver.archive(message, reason, exc)
+        self.archiver.take(message, decoding_failed(exc))
 
 
 def declare_on_connect(context: ServiceContext, connection: Connection, consumed: Mapping[str, Any]) -> None:

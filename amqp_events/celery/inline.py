@@ -61,9 +61,9 @@ class InlineWorker:
             accept=self.accept,
             channel=channel,
         )
-        refused = admit(message, self.app.context)
-        if refused is not None:
-            self.archiver.archive(message, *refused)
+        verdict = admit(message, self.app.context)
+        if verdict is not None:
+            self.archiver.take(message, verdict)
             return
         task = self.app.tasks[message.headers["task"]]
         if is_batch(message.headers):  # its events come one by one, as a worker of Celery's path takes them

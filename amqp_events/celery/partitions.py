@@ -106,6 +106,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
             queues=[queue],
             accept=c.app.conf.accept_content,
             on_message=lambda message: self.received(c, queue.name, message),
+            on_decode_error=lambda message, _: self.received(c, queue.name, message),  # admitted as it is
             auto_declare=False,
         )
         consumer.consume()
@@ -113,9 +114,9 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def received(self, c: Any, partition: str, message: Message) -> None:
         self.last_message[partition] = time.monotonic()
-        refused = admit(message, c.app.context)
-        if refused is not None:
-            c.archiver.archive(message, *refused)
+        verdict = admit(message, c.app.context)
+        if verdict is not None:
+            c.archiver.take(message, verdict)
             return
         runner = OrderedRunner.of(c.app, c)
         ack, reject = from_any_thread(c, message.ack_log_error), from_any_thread(c, message.reject_log_error)

@@ -99,7 +99,14 @@ def _take_all(connection: Any, channel: Any, queue: str, waiting: int, removed: 
         fetched = taken.popleft()
         given += 1
         body = fetched.body if isinstance(fetched.body, bytes) else str(fetched.body).encode("utf-8")
-        stored = StoredMessage(dict(fetched.headers or {}), body, fetched.content_type, fetched.content_encoding)
+        properties = fetched.properties  # py-amqp has no attribute for a property a message lacks
+        headers = properties.get("application_headers")
+        stored = StoredMessage(
+            dict(headers) if isinstance(headers, dict) else {},
+            body,
+            properties.get("content_type"),
+            properties.get("content_encoding"),
+        )
         yield stored, functools.partial(_remove, channel, fetched.delivery_tag, removed)
     channel.basic_cancel(tag)
 

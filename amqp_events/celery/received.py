@@ -12,9 +12,12 @@ back to its queue: never dropped, never held for good.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from kombu import compression
 from kombu.exceptions import ContentDisallowed
 from kombu.message import Message
 
@@ -22,9 +25,10 @@ from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Delivery, Received
 from amqp_events.core.settle import describe
-from amqp_events.errors import Refused
-from amqp_events.wire import batch
-from amqp_events.wire.message import Reason
+from amqp_events.errors import Expired, Refused
+from amqp_events.topology import delays
+from amqp_events.wire import batch, limits
+from amqp_events.wire.message import Reason, isoformat, parse_time
 
 logger = logging.getLogger(__name__)
 
@@ -32,50 +36,142 @@ logger = logging.getLogger(__name__)
 ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 
-def admit(message: Message, context: ServiceContext) -> tuple[Reason, Exception] | None:
-    """Why a worker of ``context``'s service cannot run ``message`` (it is archived with that reason), if it
-    cannot. The ``before_receive`` hooks run first, and what they change is written back into the message
-    (a replay batch's events are each read by them as they run: :mod:`amqp_events.celery.batches`)."""
-    if batch.is_batch(message.headers):
-        return admit_batch(message, context)
-    if context.middleware.before_receive:
-        refused = read_in_place(message, lambda received: handling.receive(context, received))
-        if refused is not None:
-            return refused.reason, refused
+def install_limits() -> None:
+    """Bound what a worker reads before the checks here see a message: kombu's decompression (a zlib bomb
+    stops at :data:`~amqp_events.wire.limits.MAX_BODY`; compressions without a bound are not read) and, on
+    Python 3.11+, whose calls between Python functions take no C stack, the recursion py-amqp needs to read
+    the deepest headers a frame can hold (they are then refused as malformed, instead of stopping the
+    consumer). Once per worker process."""
+    bounded = limits.bounded_decoders()
+    for content_type in list(compression._decoders):
+        decoder = bounded.get(content_type) or limits.unsupported(content_type)
+        compression._decoders[content_type] = decoder
+    if sys.version_info >= (3, 11):
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), limits.DECODING_RECURSION))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A message no handler of the service may run: it is archived, as it arrived, with ``reason``."""
+
+    reason: Reason
+    error: Exception
+
+
+@dataclass(frozen=True)
+class Early:
+    """A message that came before its ``eta``: it waits ``delay`` more seconds on the broker, unrun."""
+
+    delivery: Delivery
+    delay: int
+
+
+Verdict = Refusal | Early
+
+
+def admit(message: Message, context: ServiceContext) -> Verdict | None:
+    """:func:`entering`, and a message that it cannot read (a case nobody foresaw) archived as undecodable."""
     try:
-        body = message.decode()  # cached by kombu for Celery's own decoding
-    except ContentDisallowed as exc:
-        return Reason.FORBIDDEN_CONTENT_TYPE, exc
+        return entering(message, context)
     except Exception as exc:
-        return Reason.UNDECODABLE, exc
-    return handling.runnable(context, message.headers or {}, body)
+        logger.exception("could not read a message in service %r; archiving it", context.name)
+        return Refusal(Reason.UNDECODABLE, exc)
 
 
-def admit_batch(message: Message, context: ServiceContext) -> tuple[Reason, Exception] | None:
+def entering(message: Message, context: ServiceContext) -> Verdict | None:
+    """What becomes of ``message`` instead of running, if it must not run now: the one place where a message
+    enters a worker. Its headers are checked before anything reads them (:mod:`amqp_events.wire.limits`); the
+    ``before_receive`` hooks run, and what they change is written back into the message (a replay batch's events
+    are each read by them as they run: :mod:`amqp_events.celery.batches`); then its body is decoded, bounded."""
+    refused = malformed(message.headers)
+    if refused is None and context.middleware.before_receive and not batch.is_batch(message.headers):
+        refused = read_in_place(message, lambda received: handling.receive(context, received))
+        refused = refused or malformed(message.headers)  # what the hooks made of it (a CloudEvent's id)
+    if refused is not None:
+        return refused
+    message.content_type, message.content_encoding = limits.json_type(message.content_type, message.content_encoding)
+    try:
+        if message.errors:  # kombu could not inflate it when it made the message
+            message._reraise_error()
+        body = message.decode()  # cached for Celery
+    except Exception as exc:
+        return decoding_failed(exc)
+    message.headers.pop("compression", None)  # the body is inflated now; a copy of it is not compressed
+    if batch.is_batch(message.headers):
+        return admit_batch(message, context, body)
+    cannot = handling.runnable(context, message.headers, body)
+    if cannot is not None:
+        return Refusal(*cannot)
+    return timing(message, context, body)
+
+
+def malformed(headers: Any) -> Refusal | None:
+    if not isinstance(headers, dict):
+        return Refusal(Reason.MALFORMED_HEADERS, ValueError("the headers are not a table"))
+    wrong = limits.malformed(headers)
+    if not wrong:
+        return None
+    for name in wrong:  # the archived copy keeps the others; the exception says what these were
+        headers.pop(name, None)
+    return Refusal(Reason.MALFORMED_HEADERS, ValueError(limits.describe(wrong)))
+
+
+def decoding_failed(exc: Exception) -> Refusal:
+    """Why a body that cannot be decoded is archived."""
+    if isinstance(exc, ContentDisallowed):
+        return Refusal(Reason.FORBIDDEN_CONTENT_TYPE, exc)
+    if isinstance(exc, limits.TooLarge):
+        return Refusal(Reason.TOO_LARGE, exc)
+    return Refusal(Reason.UNDECODABLE, exc)
+
+
+def timing(message: Message, context: ServiceContext, body: Any) -> Verdict | None:
+    """Celery's ``expires`` and ``eta``, which the library never sets: an expired message is archived, and one
+    that is not due yet waits on the broker's ladder (a worker never holds it); both headers go once it runs."""
+    headers = message.headers
+    if headers.get("expires") is None and headers.get("eta") is None:
+        return None
+    now = context.now()
+    expires, eta = parse_time(headers.pop("expires", None)), parse_time(headers.get("eta"))
+    if expires is not None and expires <= now:
+        return Refusal(Reason.EXPIRED, Expired(f"it expired at {isoformat(expires)}"))
+    if eta is None or eta <= now:
+        headers.pop("eta", None)
+        return None
+    if expires is not None:
+        headers["expires"] = isoformat(expires)
+    info = message.delivery_info or {}
+    exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
+    queue = handling.origin_queue(context.name, exchange, routing_key)
+    delay = delays.whole_seconds(min(delays.seconds_until(eta, now), delays.MAX_DELAY))
+    return Early(Delivery(headers, queue, exchange, routing_key, body[0], body[1]), delay)
+
+
+def admit_batch(message: Message, context: ServiceContext, body: Any) -> Refusal | None:
     """Why a worker cannot run the replay batch ``message``, if it cannot (all of it is archived, as it came)."""
     event = str(message.headers.get("task"))
     try:
-        batch.events_of(event, message.decode())
-    except ContentDisallowed as exc:
-        return Reason.FORBIDDEN_CONTENT_TYPE, exc
+        batch.events_of(event, body)
     except Exception as exc:
-        return Reason.UNDECODABLE, exc
+        return Refusal(Reason.UNDECODABLE, exc)
     handler = context.handlers.get(event)
     if handler is None:
-        return Reason.UNKNOWN_EVENT, handling.unknown_event(context.name, event)
+        return Refusal(Reason.UNKNOWN_EVENT, handling.unknown_event(context.name, event))
     if handler.ordered:  # a replay sends an ordered handler's events alone, to its partitions
-        return Reason.UNDECODABLE, ValueError(f"a replay batch of {event!r}, whose handler is ordered")
+        return Refusal(Reason.UNDECODABLE, ValueError(f"a replay batch of {event!r}, whose handler is ordered"))
     return None
 
 
-def read_in_place(message: Message, read: Callable[[Received], Received]) -> Refused | None:
+def read_in_place(message: Message, read: Callable[[Received], Received]) -> Refusal | None:
     """Run ``read`` on ``message`` as it arrived and write what it changed back into the message (Celery reads
     its headers and body); returns why it cannot be read instead (the message is then left as it arrived)."""
     received = received_of(message)
     try:
         read_as = read(received)
     except Refused as refused:
-        return refused
+        return Refusal(refused.reason, refused)
+    except Exception as exc:  # a hook that cannot read it: archived as what it is, never a stopped consumer
+        return Refusal(Reason.UNDECODABLE, exc)
     if read_as is not received:
         message.headers = dict(read_as.headers)
         message.body = read_as.body
@@ -110,29 +206,44 @@ def delivery_of_message(message: Message, service: str) -> Delivery:
 
 
 class Archiver:
-    """Archives the messages a worker cannot run, on the consumer's event loop (``timer``)."""
+    """Archives the messages a worker cannot run, and sends those not due yet to wait on the broker, on the
+    consumer's event loop (``timer``)."""
 
     def __init__(self, context: Callable[[], ServiceContext], timer: Any) -> None:
         self.context, self.timer = context, timer
 
-    def archive(self, message: Message, reason: Reason, error: Exception, attempt: int = 0) -> None:
+    def take(self, message: Message, verdict: Verdict) -> None:
+        """Carry out ``verdict`` on ``message`` (a copy confirmed on the broker), then ack it."""
+        if isinstance(verdict, Refusal):
+            self.archive(message, verdict.reason, verdict.error)
+        else:
+            self._settle(message, lambda context: handling.postpone(context, verdict.delivery, verdict.delay), 0)
+
+    def archive(self, message: Message, reason: Reason, error: Exception) -> None:
         """Archive ``message`` with ``reason``, then ack it; if that fails, try again later (bounded)."""
+
+        def refuse(context: ServiceContext) -> Any:
+            return handling.refuse(context, delivery_of_message(message, context.name), reason, error)
+
+        self._settle(message, refuse, 0, f"{reason}, ")
+
+    def _settle(self, message: Message, publish: Callable[[ServiceContext], Any], attempt: int, why: str = "") -> None:
         context = self.context()
         try:
-            handling.refuse(context, delivery_of_message(message, context.name), reason, error)
+            publish(context)
         except Exception as exc:
-            self._failed(message, reason, error, attempt, exc, context.name)
+            self._failed(message, publish, attempt, exc, f"a message of service {context.name!r} ({why}id "
+                         f"{(message.headers or {}).get('id')!r})")  # fmt: skip
             return
         message.ack()
 
     def _failed(
-        self, message: Message, reason: Reason, error: Exception, attempt: int, exc: Exception, service: str
+        self, message: Message, publish: Callable[[ServiceContext], Any], attempt: int, exc: Exception, about: str
     ) -> None:
-        about = f"a message service {service!r} cannot run ({reason}, id {(message.headers or {}).get('id')!r})"
         if attempt < len(ARCHIVE_RETRY_DELAYS):
             delay = ARCHIVE_RETRY_DELAYS[attempt]
             logger.warning("could not archive %s: %s; trying again in %gs", about, describe(exc), delay)
-            self.timer.call_after(delay, self.archive, (message, reason, error, attempt + 1))
+            self.timer.call_after(delay, self._settle, (message, publish, attempt + 1))
             return
         logger.error("could not archive %s: %s; returning it to its queue", about, describe(exc))
         try:

@@ -9,6 +9,7 @@
 * :func:`retry_running`: the running handler asked to be retried (``self.retry()``).
 * :func:`lost`: the pool process running a message died.
 * :func:`refuse`: a message no handler can take goes to the archive as it arrived.
+* :func:`postpone`: a message that came before its ``eta`` waits on the broker.
 
 Each ends in the ``after_handle`` hooks, once. The caller (the Celery
 adapter, :mod:`amqp_events.celery`) acks the original message once this
@@ -28,7 +29,7 @@ from amqp_events.core import sections
 from amqp_events.core.context import Attempt, Run, ServiceContext
 from amqp_events.core.delivery import Delivery, Received, Running, running, start_running, stop_running
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal
+from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal, waiting_for_eta
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.topology import delays, event_queue_name
@@ -236,6 +237,11 @@ def lost(context: ServiceContext, handler: Handler, delivery: Delivery) -> Outco
     """
     attempt = Attempt(context, delivery, handler, "lost")
     return _conclude(attempt, decide(delivery, Lost(), context.handling(handler), context.now()))
+
+
+def postpone(context: ServiceContext, delivery: Delivery, delay: int) -> Outcome:
+    """Send ``delivery``, which arrived ``delay`` seconds before its ``eta``, to wait on the broker's ladder."""
+    return _conclude(Attempt(context, delivery, None, "refused"), waiting_for_eta(delivery, delay, context.now()))
 
 
 def refuse(context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException) -> Outcome:

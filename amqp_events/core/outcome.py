@@ -26,7 +26,7 @@ from typing import Any
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.policy import GiveUp, RetryPolicy
 from amqp_events.core.sections import Section, section_of
-from amqp_events.errors import BreakerOpen, Rejected, WorkerLost
+from amqp_events.errors import BreakerOpen, Postponed, Rejected, WorkerLost
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.wire.archived import Delivered, Failure, archived_message
@@ -85,7 +85,7 @@ Happened = Succeeded | Failed | Lost | CannotRun
 # -- outcomes ------------------------------------------------------------------
 #
 # Each outcome has one ``name``, the same in metrics (the ``outcome`` label), traces, logs and the in-process
-# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, archived.
+# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, postponed, archived.
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,8 @@ class Redeliver:
     copy: OutgoingMessage
     delay: int
     error: BaseException
-    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``hand_back`` unrun (breaker open).
+    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``hand_back`` unrun (breaker open),
+    #: ``postpone`` unrun until its ``eta`` (a delay belongs on the broker, never in a worker).
     why: str = "retry"
 
     @property
@@ -126,7 +127,12 @@ class SendToArchive:
     name = "archived"
 
 
-_REDELIVERY_NAMES = {"retry": "retry_scheduled", "redeliver": "redelivered", "hand_back": "handed_back"}
+_REDELIVERY_NAMES = {
+    "retry": "retry_scheduled",
+    "redeliver": "redelivered",
+    "hand_back": "handed_back",
+    "postpone": "postponed",
+}
 Outcome = Ack | Redeliver | SendToArchive
 
 
@@ -244,6 +250,14 @@ def hand_back(delivery: Delivery, now: datetime) -> Redeliver:
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
     error = BreakerOpen("the handler's circuit breaker is open")
     return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="hand_back")
+
+
+def waiting_for_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:
+    """A message that arrived before its ``eta`` waits on the broker's ladder, unrun, its counters unchanged
+    (its ``eta`` kept: one further than the ladder's longest wait is postponed again when it comes back)."""
+    headers = copy_headers(delivery.headers, delivery.retries)
+    error = Postponed(f"its eta is {delay}s away")
+    return Redeliver(back_to_queue(delivery, headers, delay, now), delay, error, why="postpone")
 
 
 def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:

@@ -39,6 +39,7 @@ _SAID = {
     "retry_scheduled": ("retrying", logging.WARNING),
     "redelivered": ("redelivering", logging.WARNING),
     "handed_back": ("handed back, breaker open", logging.WARNING),
+    "postponed": ("postponed until its eta", logging.INFO),
     "archived": ("archived", logging.WARNING),
 }
 

@@ -18,7 +18,7 @@ from amqp_events.metrics import ExceptionLabels, instruments, record_fired
 from amqp_events.wire.message import queue_wait
 
 #: Every outcome's name (:mod:`amqp_events.core.outcome`), and those that end a message's life.
-OUTCOMES = ("success", "skipped", "retry_scheduled", "redelivered", "handed_back", "archived")
+OUTCOMES = ("success", "skipped", "retry_scheduled", "redelivered", "handed_back", "postponed", "archived")
 FINAL_OUTCOMES = ("success", "archived")
 
 

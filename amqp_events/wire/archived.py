@@ -39,6 +39,7 @@ from amqp_events.wire.message import (
     ARCHIVED_AT,
     OutgoingMessage,
     event_id,
+    is_task_body,
     isoformat,
     parse_time,
 )
@@ -191,7 +192,7 @@ class ArchivedMessage:
             exception_type=str(headers.get(ARCHIVE_EXCEPTION_TYPE) or ""),
             exception_message=str(headers.get(ARCHIVE_EXCEPTION_MESSAGE) or ""),
             traceback=str(headers.get(ARCHIVE_TRACEBACK) or ""),
-            attempts=int(headers.get(ARCHIVE_ATTEMPTS) or 0),
+            attempts=_count(headers.get(ARCHIVE_ATTEMPTS)),
             section=str(headers.get(ARCHIVE_SECTION) or ""),
             first_failure_at=parse_time(headers.get(ARCHIVE_FIRST_FAILURE_AT)),
             last_failure_at=parse_time(headers.get(ARCHIVE_LAST_FAILURE_AT)),
@@ -215,6 +216,12 @@ class ArchivedMessage:
             return json_loads(self.body.decode(self.content_encoding or "utf-8"))
         except (ValueError, LookupError, RecursionError):  # not JSON, unknown encoding, absurdly nested
             return None
+
+    @property
+    def arguments(self) -> tuple[list[Any], dict[str, Any]] | None:
+        """The event's positional and named arguments, when its body is an event's (``None`` otherwise)."""
+        payload = self.payload
+        return (list(payload[0]), dict(payload[1])) if is_task_body(payload) else None
 
     def summary(self) -> dict[str, Any]:
         """The fields ``archive list --json`` prints."""
@@ -259,6 +266,11 @@ class ArchivedMessage:
         raw = data["body"]
         body = base64.b64decode(raw) if data.get("body_encoding") == "base64" else raw.encode("utf-8")
         return cls.from_parts(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
+
+
+def _count(value: Any) -> int:
+    """A count from a header, 0 when it is anything else (an archive may hold what any producer put there)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _default_queue(service: str, event: str) -> str:

@@ -320,6 +320,12 @@ class Reason(str, Enum):
     POISONOUS = "poisonous"
     #: A CloudEvent without a required attribute, of another specversion, or with a malformed attribute.
     INVALID_CLOUDEVENT = "invalid_cloudevent"
+    #: A header of the wrong type (an ``id`` that is a table), too long or too deep (:mod:`amqp_events.wire.limits`).
+    MALFORMED_HEADERS = "malformed_headers"
+    #: A body that inflates past what a worker reads (:data:`~amqp_events.wire.limits.MAX_BODY`).
+    TOO_LARGE = "too_large"
+    #: Its ``expires`` header had passed when it arrived (Celery's expiry, honoured by archiving it unrun).
+    EXPIRED = "expired"
 
     def __str__(self) -> str:
         return self.value

@@ -1,0 +1,198 @@
+"""Hostile or broken messages put straight into a service's queue: each ends archived with a reason that names
+what was wrong (or retried, or run), the worker keeps serving, and nothing stays in a dead-letter buffer
+(real broker)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+import zlib
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from conftest import wait_archived
+from test_console import console  # noqa: F401  (a fixture)
+from kombu import Connection
+
+from amqp_events import Reason
+from amqp_events.testing import wait_for
+
+BODY = b'[["hostile"], {}, null]'
+HEADERS = {"task": "test.ping", "id": "hostile-1", "lang": "py", "retries": 0}
+
+
+def put(broker_url, headers, body=BODY, queue="orders:test.ping", **properties):
+    """Publish ``body`` raw into ``queue`` through the default exchange, as any producer could (py-amqp writes
+    deep headers recursively: room for them)."""
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+    with Connection(broker_url) as connection:
+        channel = connection.default_channel
+        message = channel.prepare_message(
+            body,
+            content_type=properties.pop("content_type", "application/json"),
+            content_encoding=properties.pop("content_encoding", "utf-8"),
+            headers=headers,
+            properties=properties,
+        )
+        channel.basic_publish(message, exchange="", routing_key=queue)
+
+
+def still_serving(process, producer, records, tag="still serving"):
+    producer.fire("test.ping", [tag], {})
+    wait_for(lambda: any(r["tag"] == tag for r in records.all()), 30, what="the worker to run a good event")
+    assert process.is_running()
+
+
+def nested(depth):
+    value = "bottom"
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
+def past(**delta):
+    return (datetime.now(timezone.utc) - timedelta(**delta)).isoformat()
+
+
+def future(**delta):
+    return (datetime.now(timezone.utc) + timedelta(**delta)).isoformat()
+
+
+MALFORMED = {
+    "task-a-list": {**HEADERS, "task": ["test.ping"]},
+    "task-a-dict": {**HEADERS, "task": {"a": 1}},
+    "id-a-dict": {**HEADERS, "id": {"a": 1}},
+    "id-a-list": {**HEADERS, "id": [1, 2]},
+    "id-too-long": {**HEADERS, "id": "x" * 300},
+    "eta-past-timelimit-garbage": {**HEADERS, "eta": past(hours=1), "timelimit": "abc"},
+    "eta-past-stamped-headers-garbage": {**HEADERS, "eta": past(hours=1), "stamped_headers": 5},
+    "eta-garbage": {**HEADERS, "eta": "tomorrow"},
+    "retries-negative": {**HEADERS, "retries": -50},
+    "retries-a-string": {**HEADERS, "retries": "many"},
+    "nested-600": {**HEADERS, "deep": nested(600)},
+}
+
+
+@pytest.mark.parametrize("headers", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_message_with_malformed_headers_is_archived_and_the_worker_goes_on(
+    headers, worker, producer, broker_url, records, archive_of
+):
+    process = worker("orders")
+    put(broker_url, headers)
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.MALFORMED_HEADERS, archived
+    assert archived.body == BODY
+    assert records.all() == []  # never run
+    still_serving(process, producer, records)
+
+
+def test_a_header_nested_thousands_deep_does_not_stop_the_worker(worker, producer, broker_url, records, archive_of):
+    process = worker("orders")
+    put(broker_url, {**HEADERS, "deep": nested(3000)})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.MALFORMED_HEADERS
+    assert "deep" in archived.exception_message
+    still_serving(process, producer, records)
+
+
+def test_an_expired_message_is_archived_not_dropped(worker, producer, broker_url, records, archive_of):
+    process = worker("orders")
+    put(broker_url, {**HEADERS, "expires": past(minutes=5)})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.EXPIRED and archived.id == "hostile-1"
+    assert records.all() == []
+    still_serving(process, producer, records)
+
+
+def test_an_eta_in_the_future_waits_on_the_broker_not_in_the_worker(worker, producer, broker_url, records):
+    process = worker("orders")
+    put(broker_url, {**HEADERS, "eta": future(seconds=3)})
+    wait_for(lambda: "postponed until its eta event=test.ping" in process.log(), 15, what="the event postponed")
+    [ran] = records.wait(1, timeout=30)
+    assert ran["tag"] == "hostile" and ran["attempt"] == 1
+    assert ran["time"] >= datetime.fromisoformat(future(seconds=0)).timestamp() - 30  # it ran, later
+    still_serving(process, producer, records)
+
+
+def test_an_eta_in_the_past_runs_at_once(worker, producer, broker_url, records):
+    worker("orders")
+    put(broker_url, {**HEADERS, "eta": past(hours=1)})
+    [ran] = records.wait(1)
+    assert ran["tag"] == "hostile"
+
+
+def test_json_with_a_charset_is_json(worker, producer, broker_url, records):
+    worker("orders")
+    put(broker_url, HEADERS, content_type="application/json; charset=utf-8")
+    [ran] = records.wait(1)
+    assert ran["tag"] == "hostile"
+
+
+def test_a_compressed_event_whose_handler_fails_is_retried_not_archived_undecodable(
+    worker, producer, broker_url, records, archive_of
+):
+    worker("orders", env={"MAX_RETRIES": "1", "BACKOFF_MAX": "1"})
+    body = zlib.compress(b'[["zipped", {"fail_times": 1}], {}, null]')
+    put(broker_url, {**HEADERS, "compression": "application/x-gzip"}, body=body)
+    runs = records.wait(2, timeout=30)
+    assert [run["attempt"] for run in runs] == [1, 2]
+
+
+def test_a_zlib_bomb_is_archived_as_too_large_within_bounded_memory(worker, producer, broker_url, records, archive_of):
+    process = worker("orders")
+    bomb = zlib.compress(b'[["' + b"a" * 300_000_000 + b'"], {}, null]', 9)
+    put(broker_url, {**HEADERS, "compression": "application/x-gzip"}, body=bomb)
+    [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
+    assert archived.reason == Reason.TOO_LARGE and archived.body == bomb
+    still_serving(process, producer, records)
+    rss_kb = int(next(line for line in open(f"/proc/{process.pid}/status") if line.startswith("VmRSS")).split()[1])
+    assert rss_kb < 400_000, f"the worker grew to {rss_kb} kB"
+
+
+def test_a_cloud_event_with_an_id_over_amqp_s_limit_is_archived(worker, producer, broker_url, records, archive_of):
+    process = worker("orders")
+    headers = {"ce-specversion": "1.0", "ce-type": "test.ping", "ce-source": "/x", "ce-id": "i" * 10_000}
+    put(broker_url, headers, body=json.dumps({"tag": "ce"}).encode())
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.MALFORMED_HEADERS
+    still_serving(process, producer, records)
+
+
+def put_archived(broker_url, headers, body, content_type=None, content_encoding=None):
+    """An odd message in ``orders.archive``, put there by hand (by a buggy tool, or an earlier version)."""
+    with Connection(broker_url) as connection:
+        channel = connection.default_channel
+        message = channel.prepare_message(
+            body, content_type=content_type, content_encoding=content_encoding, headers=headers
+        )
+        channel.basic_publish(message, exchange="", routing_key="orders.archive")
+
+
+ODD_ARCHIVED = [
+    ({"id": "no-type", "task": "test.ping", "archive_reason": "max_retries"}, b"\x00\x01", None, None),
+    ({"id": "attempts-abc", "task": "test.ping", "archive_attempts": "abc"}, BODY, "application/json", "utf-8"),
+    ({"id": "scalar", "task": "test.ping", "archive_reason": "max_retries"}, b"42", "application/json", "utf-8"),
+    ({"id": "true", "task": ["x"], "archived_at": 5}, b"true", "application/json", "utf-8"),
+]
+
+
+def test_odd_entries_in_an_archive_are_shown_not_crashed_on(worker, broker_url, cli_process, console):
+    worker("orders")  # declares the archive
+    for entry in ODD_ARCHIVED:
+        put_archived(broker_url, *entry)
+    listing = cli_process("archive", "list")
+    assert listing.returncode == 0, listing.stderr
+    for headers, *_ in ODD_ARCHIVED:
+        assert headers["id"] in listing.stdout
+    for headers, *_ in ODD_ARCHIVED:
+        shown = cli_process("archive", "show", headers["id"])
+        assert shown.returncode == 0, shown.stderr
+    exported = cli_process("archive", "export", "-")
+    assert exported.returncode == 0 and len(exported.stdout.splitlines()) == len(ODD_ARCHIVED), exported.stderr
+    for path in ("/", "/services/orders/archive", "/api/services/orders/archive", "/api/services/orders/archive/true"):
+        try:
+            urllib.request.urlopen(console.url + path, timeout=30).close()
+        except urllib.error.HTTPError as error:
+            raise AssertionError(f"{path}: {error}\n{console.output()[-3000:]}") from None
