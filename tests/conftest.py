@@ -178,6 +178,18 @@ def cli_process(broker_url: str, rabbitmq: Any) -> Callable[..., Any]:
 
 
 @pytest.fixture
+def console(broker_url: str, rabbitmq: Any) -> Iterator[Any]:
+    """``amqp-events console`` on a free loopback port, for this test's vhost."""
+    from console_helpers import Console
+
+    from amqp_events.local.processes import free_port
+
+    started = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}")
+    yield started.wait_serving(started.url + "/api/services")
+    started.stop()
+
+
+@pytest.fixture
 def service_app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Any]:
     """``service_app("orders")``: the app of ``services/orders.py``, imported afresh for this test's vhost."""
     monkeypatch.setenv("BROKER_URL", broker_url)

@@ -4,22 +4,19 @@ broker and real workers; its JSON API and its security model over plain HTTP."""
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import TESTS, effects_tables, wait_archived
+from console_helpers import Console
 from test_breakers import queue_state
 
 from amqp_events.console.security import hash_password
-from amqp_events.local.processes import free_port, terminate
+from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 
 pytestmark = pytest.mark.broker
@@ -28,49 +25,6 @@ SCREENSHOTS = Path(__file__).parent.parent / "docs" / "console"
 PING = "orders:test.ping"
 #: A browser's CSRF cookie and the header a page of the console sends back with a change.
 CSRF = {"Cookie": "csrf=t", "X-CSRF-Token": "t"}
-
-
-class Console:
-    """``amqp-events console`` in a process of its own, stopped by its PID."""
-
-    def __init__(
-        self, broker_url: str, management_url: str, bind: str, env: dict[str, str] | None = None, app: str = ""
-    ) -> None:
-        command = [sys.executable, "-m", "amqp_events.cli", *(["-A", app] if app else []), "--broker", broker_url,
-                   "--management-url", management_url, "console", "--bind", bind]  # fmt: skip
-        environment = {**os.environ, **(env or {})}
-        self.url = f"http://{bind}"
-        self.process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def wait_serving(self, probe: str) -> Console:
-        def serving() -> bool:
-            assert self.process.poll() is None, self.output()
-            try:
-                urllib.request.urlopen(probe, timeout=2).close()
-            except urllib.error.HTTPError:
-                return True  # it answers (a 401 is an answer)
-            except OSError:
-                return False
-            return True
-
-        wait_for(serving, 30, what="the console serving")
-        return self
-
-    def output(self) -> str:
-        self.stop()
-        assert self.process.stdout is not None
-        return self.process.stdout.read().decode(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            terminate(self.process.pid, 10)
-
-
-@pytest.fixture
-def console(broker_url, rabbitmq) -> Iterator[Console]:
-    started = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}")
-    yield started.wait_serving(started.url + "/api/services")
-    started.stop()
 
 
 def call(url: str, body: object = None, headers: dict[str, str] | None = None) -> tuple[int, object]:

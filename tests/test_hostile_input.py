@@ -10,10 +10,10 @@ import urllib.error
 import urllib.request
 import zlib
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 from conftest import wait_archived
-from test_console import console  # noqa: F401  (a fixture)
 from kombu import Connection
 
 from amqp_events import Reason
@@ -147,7 +147,8 @@ def test_a_zlib_bomb_is_archived_as_too_large_within_bounded_memory(worker, prod
     [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
     assert archived.reason == Reason.TOO_LARGE and archived.body == bomb
     still_serving(process, producer, records)
-    rss_kb = int(next(line for line in open(f"/proc/{process.pid}/status") if line.startswith("VmRSS")).split()[1])
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    rss_kb = int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
     assert rss_kb < 400_000, f"the worker grew to {rss_kb} kB"
 
 

@@ -1,0 +1,48 @@
+"""The console in a process of its own, for the tests that drive it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+from amqp_events.local.processes import terminate
+from amqp_events.testing import wait_for
+
+
+class Console:
+    """``amqp-events console`` in a process of its own, stopped by its PID."""
+
+    def __init__(
+        self, broker_url: str, management_url: str, bind: str, env: dict[str, str] | None = None, app: str = ""
+    ) -> None:
+        command = [sys.executable, "-m", "amqp_events.cli", *(["-A", app] if app else []), "--broker", broker_url,
+                   "--management-url", management_url, "console", "--bind", bind]  # fmt: skip
+        environment = {**os.environ, **(env or {})}
+        self.url = f"http://{bind}"
+        self.process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def wait_serving(self, probe: str) -> Console:
+        def serving() -> bool:
+            assert self.process.poll() is None, self.output()
+            try:
+                urllib.request.urlopen(probe, timeout=2).close()
+            except urllib.error.HTTPError:
+                return True  # it answers (a 401 is an answer)
+            except OSError:
+                return False
+            return True
+
+        wait_for(serving, 30, what="the console serving")
+        return self
+
+    def output(self) -> str:
+        self.stop()
+        assert self.process.stdout is not None
+        return self.process.stdout.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            terminate(self.process.pid, 10)
