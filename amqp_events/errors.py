@@ -38,8 +38,8 @@ class InvalidName(ValueError):
     """A service or event name the topology cannot be built from."""
 
 
-class DuplicateHandler(ValueError):
-    """A service registered a second handler for the same event."""
+class DuplicateHandler(RuntimeError, ValueError):
+    """A service registered a second handler for the same event (a ``RuntimeError``, as in 0.1.0)."""
 
 
 class DelayTooLong(ValueError):

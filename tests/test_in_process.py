@@ -330,3 +330,46 @@ def test_outcome_settled_receivers_see_every_outcome_and_cannot_break_one(billin
     finally:
         outcome_settled.disconnect(receiver)
     assert seen == [("shipping", ok, Ack, 0), ("shipping", failed, Archive, 0)]
+
+
+def test_a_middleware_that_fails_before_the_handler_fails_the_attempt_it_never_loops_the_message(billing, shipping):
+    from amqp_events import Middleware
+
+    class Broken(Middleware):
+        def before_handle(self, attempt):
+            raise ImportError("no module named 'prometheus_client'")
+
+    @billing.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int): ...
+
+    @shipping.handler("billing.invoice.paid", max_retries=2)
+    def book_courier(invoice_id: int):
+        raise AssertionError("never reached: the middleware fails first")
+
+    shipping.add_middleware(Broken())
+    with in_process(billing, shipping) as events:
+        invoice_paid(1)
+        events.drain()
+        [archived] = events.archived("shipping")
+        assert archived.reason == Reason.MAX_RETRIES and "prometheus_client" in archived.exception_message
+        assert archived.attempts == 3
+
+
+def test_without_prometheus_client_the_in_process_mode_leaves_the_metrics_out(billing, shipping, monkeypatch):
+    import sys
+
+    mode = sys.modules["amqp_events.testing.in_process"]
+    monkeypatch.setattr(mode, "METRICS", False)
+    monkeypatch.setattr(mode, "HandlerMetrics", None)  # it would fail if it were made
+    runs = []
+
+    @billing.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int): ...
+
+    @shipping.handler("billing.invoice.paid")
+    def book_courier(invoice_id: int):
+        runs.append(invoice_id)
+
+    with in_process(billing, shipping):
+        invoice_paid(7)
+    assert runs == [7]

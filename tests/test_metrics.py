@@ -125,3 +125,36 @@ def test_an_unreachable_broker_counts_as_a_collection_error_and_keeps_the_queues
     assert {stats.name for stats in exporter.queues} == collected  # no queue reads as gone
     errors = {family.name: family for family in exporter.collect()}["amqp_events_exporter_collection_errors"]
     assert errors.samples[0].value == 1
+
+
+def test_the_exporter_command_serves_queue_and_worker_metrics(worker, broker_url, rabbitmq, tmp_path):
+    """``amqp-events -A services.orders exporter`` through the installed entry point, as the metrics guide runs it."""
+    import os
+    import subprocess
+
+    from conftest import AMQP_EVENTS, TESTS
+
+    from amqp_events.local.processes import terminate
+
+    worker("orders")
+    port = free_port()
+    environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
+    command = [AMQP_EVENTS, "-A", "services.orders", "--management-url", rabbitmq.management.base_url,
+               "exporter", "--port", str(port), "--interval", "1"]  # fmt: skip
+    with (tmp_path / "exporter.log").open("wb") as log:
+        exporter = subprocess.Popen(command, env=environment, cwd=TESTS, stdout=log, stderr=subprocess.STDOUT)
+    try:
+
+        def collected() -> dict[str, float]:
+            assert exporter.poll() is None, (tmp_path / "exporter.log").read_text()
+            try:
+                metrics = scrape(port)
+            except OSError:
+                return {}
+            return metrics if value(metrics, "amqp_events_workers_online", service="orders") >= 1 else {}
+
+        metrics = wait_for(collected, 30, what="the exporter's first collection with the worker online")
+        assert value(metrics, "amqp_events_queue_consumers", queue="orders:test.ping") >= 0
+        assert any(key.startswith("amqp_events_queue_messages_ready{") for key in metrics)
+    finally:
+        terminate(exporter.pid, 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
@@ -76,6 +77,12 @@ class HandlerDecorator:
         options = dict(self.options)
         # A class-based handler's call is its run(self, ...); a function is called as it is.
         function = cast(Callable[..., Any], target.run if isinstance(target, type) else target)  # type: ignore[attr-defined]
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+            # A worker would call it, get a coroutine back unrun, and ack the event: refuse it where it is written.
+            raise TypeError(
+                f"{described} is an async def: coroutine handlers are not supported yet. Write the handler as a "
+                "plain def (call your coroutine with asyncio.run() inside it if you must)"
+            )
         handler = Handler(
             event=event,
             name=described,

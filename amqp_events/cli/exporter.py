@@ -31,7 +31,7 @@ def exporter(
     """Serve the service's queue depths, consumers and workers online as Prometheus metrics."""
     if not AVAILABLE:
         raise click.ClickException("the exporter needs prometheus-client: pip install 'celery-amqp-events[metrics]'")
-    from amqp_events.metrics.exporter import Exporter
+    from amqp_events.exporter import Exporter
 
     management = None if no_management else context.management
     Exporter(context.app, management, interval, worker_timeout, forget_after).serve(host, port)

@@ -36,6 +36,8 @@ class Fires(Protocol):
 
     def wire_format(self, given: str | None = None) -> str: ...
 
+    def handler(self, event: str, *, bind: bool = False) -> Callable[[Any], Any]: ...
+
 
 class Event(Generic[P]):
     """An event made from a function whose body validates the arguments.
@@ -67,6 +69,12 @@ class Event(Generic[P]):
         self.key = key
         if isinstance(key, str) and key not in inspect.signature(validate).parameters:
             raise ValueError(f"event {name!r}: key={key!r} is not an argument of {validate.__qualname__}")
+
+    def handler(self, target: Any = None, *, bind: bool = False) -> Any:
+        """``@invoice_paid.handler`` (or ``.handler(bind=True)``): this service's handler of this event, as
+        0.1.0 wrote it; the same as ``@app.handler(invoice_paid.name, bind=...)``."""
+        register = self.app.handler(self.name, bind=bind)
+        return register if target is None else register(target)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
         return self.fire(args, kwargs)

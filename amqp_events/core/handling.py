@@ -101,7 +101,7 @@ def handle(
     try:
         outcome: Outcome | None = None
         for before in context.middleware.before_handle:
-            outcome = before(attempt)
+            outcome = _before(attempt, before)
             if outcome is not None:  # a middleware takes the message off the handler (a breaker, a duplicate)
                 break
         result = None
@@ -114,6 +114,21 @@ def handle(
         raise
     _after(attempt, outcome, None)
     return outcome, result
+
+
+def _before(attempt: Attempt, before: Callable[[Attempt], Outcome | None]) -> Outcome | None:
+    """A ``before_handle`` hook; one that raises fails the attempt as the handler would have (retried, then
+    archived with its error), rather than sending the message round unsettled for ever."""
+    try:
+        return before(attempt)
+    except Exception as exc:
+        if isinstance(exc, attempt.context.control_flow):
+            raise
+        logger.error(
+            "middleware %s failed before handling event %s: %s", before, attempt.delivery.event_id, describe(exc)
+        )
+        context, handler = attempt.context, attempt.handler
+        return decide(attempt.delivery, Failed(exc), context.handling(handler), context.now())
 
 
 def _run(attempt: Attempt) -> tuple[Outcome, Any]:

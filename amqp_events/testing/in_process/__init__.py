@@ -44,6 +44,7 @@ from amqp_events.celery.memory import Envelope, MemoryBroker
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
 from amqp_events.errors import NotModelled, Refused, UnhandledEvent
+from amqp_events.metrics import AVAILABLE as METRICS
 from amqp_events.middleware.metrics import HandlerMetrics
 from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock, Waiting
 from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
@@ -112,9 +113,9 @@ class InProcess:
         recorder = Recorder(self)
         try:
             for app in self.apps.values():
-                # Metrics as a worker that serves them records them.
-                metrics = HandlerMetrics(app.events_settings.metrics_exception_labels)
-                self._on.enter_context(app.using(self.transport, self.clock, metrics, recorder))
+                # Metrics as a worker that serves them records them (with prometheus-client installed).
+                metrics = [HandlerMetrics(app.events_settings.metrics_exception_labels)] if METRICS else []
+                self._on.enter_context(app.using(self.transport, self.clock, *metrics, recorder))
         except BaseException:
             self._on.close()
             raise
