@@ -72,18 +72,25 @@ MALFORMED = {
     "retries-negative": {**HEADERS, "retries": -50},
     "retries-a-string": {**HEADERS, "retries": "many"},
     "nested-600": {**HEADERS, "deep": nested(600)},
+    "id-missing": {"task": "test.ping"},
 }
 
 
-@pytest.mark.parametrize("headers", MALFORMED.values(), ids=MALFORMED.keys())
-def test_a_message_with_malformed_headers_is_archived_and_the_worker_goes_on(
-    headers, worker, producer, broker_url, records, archive_of
+@pytest.mark.parametrize(
+    "pool", [{"pool": "solo"}, {"pool": "threads", "concurrency": 2}, {"pool": "prefork", "concurrency": 2}],
+    ids=["solo", "threads", "prefork"],
+)  # fmt: skip
+def test_messages_with_malformed_headers_are_archived_and_the_worker_goes_on(
+    pool, worker, producer, broker_url, records, archive_of
 ):
-    process = worker("orders")
-    put(broker_url, headers)
-    [archived] = wait_archived(archive_of("orders"), 1)
-    assert archived.reason == Reason.MALFORMED_HEADERS, archived
-    assert archived.body == BODY
+    process = worker("orders", **pool)
+    for case, headers in MALFORMED.items():
+        put(broker_url, {**headers, "case": case})
+    archived = wait_archived(archive_of("orders"), len(MALFORMED))
+    assert {entry.headers["case"]: entry.reason for entry in archived} == dict.fromkeys(
+        MALFORMED, Reason.MALFORMED_HEADERS
+    )
+    assert all(entry.body == BODY for entry in archived)
     assert records.all() == []  # never run
     still_serving(process, producer, records)
 

@@ -113,6 +113,8 @@ def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
 def malformed(headers: Mapping[Any, Any]) -> dict[str, str]:
     """The headers that are not what they must be, each with what it must be (empty: all fine)."""
     wrong: dict[str, str] = {}
+    if headers.get("id") is None and headers.get("ce-id") is None:
+        wrong["id"] = "is missing: every event has an id (Celery's task id)"
     for key, value in headers.items():
         name = key if isinstance(key, str) else repr(key)
         if not isinstance(key, str):

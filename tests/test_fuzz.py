@@ -1,0 +1,234 @@
+"""Property-based fuzzing of what a worker takes (Hypothesis over whole message spaces, a real broker and worker).
+
+Each example is one AMQP message put straight into ``orders:test.ping``: headers of every AMQP type and depth
+(Celery's, the library's, RabbitMQ's and anything else), bodies (events, other JSON, random bytes, compressed
+or claiming to be), content types and encodings, properties. For each, against a real worker of each pool:
+
+* the message ends handled or archived within a bound (retries included), never dropped: the test counts both;
+* the worker is still serving after it;
+* at the end every case is accounted for by its own marker, and no queue holds a dead-lettered message.
+
+``FUZZ_EXAMPLES`` sets the examples per pool (CI runs the default; ``FUZZ_EXAMPLES=2000`` is a long run).
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+import lzma
+import os
+import sys
+import time
+import zlib
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from conftest import Records
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import strategies as st
+from kombu import Connection
+
+from amqp_events.testing import wait_for
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
+QUEUE = "orders:test.ping"
+#: Each case carries its number here, to be found afterwards among the archived and the handled.
+MARKER = "fuzz_case"
+#: Seconds a case may take to end (an early eta waits up to 3 s, a retry 1 s, archiving is confirmed first).
+BOUND = 30.0
+
+NOW = datetime.now(timezone.utc)
+
+# -- header values: every type py-amqp writes, nested, and far too deep --------------------------------------
+
+text = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=40)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),  # RabbitMQ closes the connection on an infinite float
+    text,
+    st.binary(max_size=40),
+    st.decimals(min_value=-(10**6), max_value=10**6, places=2, allow_nan=False, allow_infinity=False),
+    st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2100, 1, 1)).map(
+        lambda moment: moment.replace(microsecond=0)
+    ),
+)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4))
+
+
+def nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for level in range(depth):
+        value = {"n": value} if level % 2 else [value]
+    return value
+
+
+deep = st.integers(min_value=10, max_value=2500).map(nested)
+times = st.sampled_from(
+    [(NOW - timedelta(hours=1)).isoformat(), (NOW + timedelta(seconds=2)).isoformat(), "soon", "2020-02-30"]
+)
+#: The headers Celery, the library and RabbitMQ read, each with values of the right and of every wrong type.
+KNOWN = {
+    "task": st.one_of(st.just("test.ping"), values, text),
+    "id": st.one_of(st.uuids().map(str), values, st.text(min_size=256, max_size=300)),
+    "retries": st.one_of(st.integers(min_value=-100, max_value=3), values),
+    "eta": st.one_of(st.none(), times, values),
+    "expires": st.one_of(st.none(), times, values),
+    "timelimit": st.one_of(st.just([None, None]), st.just([1, 2]), values),
+    "stamped_headers": st.one_of(st.just(["a"]), values),
+    "stamps": values,
+    "root_id": values,
+    "parent_id": values,
+    "group": values,
+    "lang": values,
+    "shadow": values,
+    "argsrepr": values,
+    "kwargsrepr": values,
+    "ignore_result": values,
+    "lost_runs": values,
+    "section_retries": values,
+    "failed_section": values,
+    "event_key": values,
+    "fired_at": st.one_of(times, values),
+    "x-death": st.one_of(values, st.just([{"queue": QUEUE, "reason": "rejected", "count": 1}])),
+    "x-delivery-count": values,
+    "ce-id": values,
+    "ce-type": values,
+    "ce-specversion": st.one_of(st.just("1.0"), values),
+    "traceparent": values,
+}
+header_sets = st.fixed_dictionaries(
+    {},
+    optional={
+        **KNOWN,
+        "compression": st.sampled_from(["application/x-gzip", "application/x-bz2", "application/x-lzma", "zstd"]),
+        "deep": deep,
+        "other": values,
+    },
+)
+
+# -- bodies ------------------------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
+)
+how = st.sampled_from([None, {"fail_times": 1}, {"permanent": True}])
+event_bodies = st.tuples(how, st.sampled_from([None, {}, {"callbacks": None}])).map(
+    lambda parts: ("event", parts[0], parts[1])
+)
+bodies = st.one_of(
+    event_bodies,
+    json_values.map(lambda value: ("json", json.dumps(value).encode())),
+    st.binary(max_size=200).map(lambda raw: ("bytes", raw)),
+)
+content_types = st.sampled_from(
+    ["application/json", "application/json; charset=utf-8", "application/x-python-serialize", "application/x-yaml",
+     "text/plain", None, "application/json; charset=latin-1"]
+)  # fmt: skip
+encodings = st.sampled_from(["utf-8", "binary", "latin-1", None, "no-such-codec"])
+COMPRESS = {"application/x-gzip": zlib.compress, "application/x-bz2": bz2.compress, "application/x-lzma": lzma.compress}
+
+
+def body_of(case: int, body: tuple[Any, ...], headers: dict[str, Any]) -> bytes:
+    """The bytes of ``body``: an event's carry the case's tag, compressed when its headers say so."""
+    raw = json.dumps([[f"fuzz-{case}", body[1]], {}, body[2]]).encode() if body[0] == "event" else body[1]
+    compress = COMPRESS.get(headers.get("compression"))  # type: ignore[arg-type]
+    return compress(raw) if compress else raw
+
+
+class Cases:
+    """What the fuzzing sent, and how many of it have ended (handled for good, or archived)."""
+
+    def __init__(self, broker_url: str, records: Records) -> None:
+        self.broker_url, self.records = broker_url, records
+        self.sent: dict[int, tuple[Any, ...]] = {}
+        #: Messages the broker refused to take (an invalid header frame): they never reach a worker.
+        self.refused = 0
+
+    def send(self, headers: dict[str, Any], body: tuple[Any, ...], content_type: Any, encoding: Any) -> int:
+        case = max(self.sent, default=0) + 1
+        headers = {**headers, MARKER: case}
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # py-amqp writes deep headers recursively
+        with Connection(self.broker_url, transport_options={"confirm_publish": True}) as connection:
+            channel = connection.default_channel
+            message = channel.prepare_message(
+                body_of(case, body, headers), content_type=content_type, content_encoding=encoding, headers=headers
+            )
+            try:
+                channel.basic_publish(message, exchange="", routing_key=QUEUE)
+            except connection.connection_errors + connection.channel_errors:
+                self.refused += 1
+                return 0  # the broker refused it (a header frame over frame_max): it never reached the worker
+        self.sent[case] = body
+        return case
+
+    def handled(self) -> set[int]:
+        """Cases whose handler returned: it ran without being told to fail, or told to fail once, ran again."""
+        done = set()
+        for run in self.records.all():
+            case = int(run["tag"].removeprefix("fuzz-"))
+            told = self.sent[case][1] or {}
+            if not told.get("permanent") and run["attempt"] > told.get("fail_times", 0):
+                done.add(case)
+        return done
+
+    def archived(self) -> int:
+        with Connection(self.broker_url) as connection:
+            return int(connection.default_channel.queue_declare("orders.archive", passive=True).message_count)
+
+    def ended(self) -> int:
+        return len(self.handled()) + self.archived()
+
+
+def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbitmq: Any, vhost: str, **pool: Any):
+    process = worker("orders", env={"MAX_RETRIES": "1", "BACKOFF_MAX": "1"}, **pool)
+    cases = Cases(broker_url, records)
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+        # Each example costs a real round through the worker: report what failed rather than shrink it for minutes.
+        phases=[Phase.explicit, Phase.generate],
+        report_multiple_bugs=False,
+    )
+    @given(header_sets, bodies, content_types, encodings)
+    def one_message_ends_handled_or_archived(headers, body, content_type, encoding):
+        before = cases.ended()
+        case = cases.send(headers, body, content_type, encoding)
+        assume(case)
+        try:
+            wait_for(lambda: cases.ended() > before or None, BOUND, what=f"case {case} to end")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the worker's log ends with:\n{process.log()[-4000:]}") from None
+        assert process.is_running(), process.log()[-3000:]
+
+    one_message_ends_handled_or_archived()
+    # Every case by its own marker: archived with its headers, or handled; and no dead letter left behind.
+    wait_for(lambda: cases.ended() >= len(cases.sent) or None, BOUND, what="every case to end")
+    entries = archive_of("orders").list()
+    archived = {entry.headers.get(MARKER) for entry in entries}
+    reasons = Counter(entry.reason for entry in entries)
+    print(f"fuzz {pool}: {len(cases.sent)} messages, {cases.refused} refused by the broker, "
+          f"{len(cases.handled())} handled, archived {dict(reasons.most_common())}")  # fmt: skip
+    assert (archived | cases.handled()) >= set(cases.sent), set(cases.sent) - archived - cases.handled()
+    assert not archived & cases.handled(), "a case both handled and archived"
+    time.sleep(0.5)  # the management API's counts lag a moment behind the broker
+    stranded = {q["name"]: q.get("messages_dlx", 0) for q in rabbitmq.management.queues(vhost) if q.get("messages_dlx")}
+    assert not stranded, stranded
+    assert process.is_running()
+
+
+@pytest.mark.parametrize(
+    "pool", [{"pool": "solo"}, {"pool": "threads", "concurrency": 4}, {"pool": "prefork", "concurrency": 2}],
+    ids=["solo", "threads", "prefork"],
+)  # fmt: skip
+def test_any_message_ends_handled_or_archived_and_the_worker_keeps_serving(
+    pool, worker, broker_url, records, archive_of, rabbitmq, vhost
+):
+    fuzz(worker, broker_url, records, archive_of, rabbitmq, vhost, **pool)
