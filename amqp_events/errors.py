@@ -70,6 +70,10 @@ class BreakerOpen(Exception):
     """A prefetched message was handed back unrun: its handler's circuit breaker is open."""
 
 
+class TooLarge(ValueError):
+    """A message body that inflates past what a worker reads (:data:`amqp_events.wire.limits.MAX_BODY`)."""
+
+
 class Expired(Exception):
     """A message arrived after its ``expires`` time: it is archived unrun."""
 

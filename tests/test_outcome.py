@@ -72,7 +72,7 @@ def test_the_last_retry_is_archived_with_every_attempt_counted():
     outcome = decide(delivery(3), Failed(ValueError("still down")), handling(max_retries=3), NOW)
     assert isinstance(outcome, Archive) and outcome.reason == Reason.MAX_RETRIES and outcome.attempts == 4
     headers = outcome.copy.headers
-    assert outcome.copy.routing_key == "orders.archive" and outcome.copy.exchange == ""
+    assert outcome.copy.routing_key == "orders.archive" and outcome.copy.exchange == "orders.direct"
     assert headers["archive_reason"] == "max_retries" and headers["archive_attempts"] == 4
     assert headers["archive_exception_type"] == "builtins.ValueError"
     assert headers["archive_exception_message"] == "still down"
@@ -97,13 +97,13 @@ def test_a_retry_request_uses_its_own_countdown_and_limit_once():
 def test_a_countdown_of_zero_goes_straight_back():
     outcome = decide(delivery(), Failed(ValueError(), countdown=0), handling(), NOW)
     assert isinstance(outcome, Redeliver) and outcome.delay == 0
-    assert (outcome.copy.exchange, outcome.copy.routing_key) == ("", QUEUE) and DUE_AT not in outcome.copy.headers
+    assert (outcome.copy.exchange, outcome.copy.routing_key) == ("orders.direct", QUEUE) and DUE_AT not in outcome.copy.headers
 
 
 def test_a_lost_pool_process_sends_it_back_at_once_counting_the_loss():
     outcome = decide(delivery(1), Lost(), handling(), NOW)
     assert isinstance(outcome, Redeliver) and outcome.why == "redeliver" and outcome.delay == 0
-    assert (outcome.copy.exchange, outcome.copy.routing_key) == ("", QUEUE)
+    assert (outcome.copy.exchange, outcome.copy.routing_key) == ("orders.direct", QUEUE)
     assert outcome.copy.headers[LOST_RUNS] == 1 and outcome.copy.headers["retries"] == 1  # not a retry
     assert isinstance(outcome.error, WorkerLost)
 

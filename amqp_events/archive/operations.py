@@ -26,6 +26,7 @@ from typing import IO
 from amqp_events.core.context import Replay, ServiceContext
 from amqp_events.core.settle import publish_routed
 from amqp_events.topology import archive_queue_name
+from amqp_events.topology.names import to_queue
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import OutgoingMessage, copy_headers
 from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED
@@ -183,8 +184,7 @@ class Archive:
                 publish_routed(
                     self.context,
                     OutgoingMessage(
-                        exchange="",
-                        routing_key=self.queue,
+                        *to_queue(self.queue),
                         headers=archived.headers,
                         body=archived.body,
                         message_id=archived.id,
@@ -224,8 +224,7 @@ def replay_message(archived: ArchivedMessage, new_id: bool = False, by: str = ""
     if new_id:
         headers.update(id=str(uuid.uuid4()), replay_of=archived.id)
     return OutgoingMessage(
-        exchange="",
-        routing_key=archived.queue,
+        *to_queue(archived.queue),
         headers=headers,
         body=archived.body,
         message_id=headers["id"],

@@ -23,6 +23,7 @@ from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Delivery, Received
 from amqp_events.errors import PublishError, Refused, TopologyMissing
+from amqp_events.topology.names import to_queue
 from amqp_events.wire.batch import BatchedEvent, events_of, is_batch
 from amqp_events.wire.message import EMPTY_EMBED, JSON, OutgoingMessage, json_body
 
@@ -103,7 +104,7 @@ def send_alone(context: ServiceContext, queue: str, events: list[BatchedEvent]) 
     try:
         for event in events:
             body = [event.args, event.kwargs, EMPTY_EMBED]
-            publisher.publish(OutgoingMessage("", queue, dict(event.headers), body, event.id))
+            publisher.publish(OutgoingMessage(*to_queue(queue), dict(event.headers), body, event.id))
         publisher.wait()
         _, refused, returned = publisher.results()
     finally:

@@ -22,7 +22,7 @@ from kombu.exceptions import OperationalError
 from kombu.serialization import dumps
 
 from amqp_events.errors import PublishError
-from amqp_events.topology.names import is_ordered_exchange
+from amqp_events.topology.names import is_direct_exchange, is_ordered_exchange
 from amqp_events.wire.message import OutgoingMessage
 
 logger = logging.getLogger(__name__)
@@ -53,10 +53,11 @@ def send(channel: Any, message: OutgoingMessage, confirm_timeout: float | None =
 def exchange_to_declare(message: OutgoingMessage) -> Exchange | None:
     """The events exchange ``message`` goes to, which its publisher declares (a topic exchange, as apps do).
 
-    The default exchange always exists; the delay ladder and a service's ordered exchange are declared by
-    workers with the rest of the topology.
+    The default exchange always exists; the delay ladder and a service's ordered and direct exchanges are
+    declared by workers with the rest of the topology.
     """
-    if not message.exchange or message.delayed or is_ordered_exchange(message.exchange):
+    exchange = message.exchange
+    if not exchange or message.delayed or is_ordered_exchange(exchange) or is_direct_exchange(exchange):
         return None
     return Exchange(message.exchange, "topic", durable=True, auto_delete=False)
 

@@ -25,7 +25,7 @@ from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Delivery, Received
 from amqp_events.core.settle import describe
-from amqp_events.errors import Expired, Refused
+from amqp_events.errors import Expired, Refused, TooLarge
 from amqp_events.topology import delays
 from amqp_events.wire import batch, limits
 from amqp_events.wire.message import Reason, isoformat, parse_time
@@ -120,7 +120,7 @@ def decoding_failed(exc: Exception) -> Refusal:
     """Why a body that cannot be decoded is archived."""
     if isinstance(exc, ContentDisallowed):
         return Refusal(Reason.FORBIDDEN_CONTENT_TYPE, exc)
-    if isinstance(exc, limits.TooLarge):
+    if isinstance(exc, TooLarge):
         return Refusal(Reason.TOO_LARGE, exc)
     return Refusal(Reason.UNDECODABLE, exc)
 

@@ -18,6 +18,7 @@ from amqp_events.archive import Archive, ArchivedMessage, Selection
 from amqp_events.celery import control
 from amqp_events.cli.context import current_context, one_line_errors
 from amqp_events.topology import delays, parked_queue_name
+from amqp_events.topology.names import is_direct_exchange
 from amqp_events.wire.parking import PARKS_KEY
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,7 +234,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 def fired_with(entry: ArchivedMessage) -> str:
     """The routing key the event was fired with: its name, also when it came through the delay ladder or
     straight to its queue (a retry, a replay), whose own routing keys are the library's."""
-    if entry.exchange in (delays.DELIVERY_EXCHANGE, ""):
+    if entry.exchange in (delays.DELIVERY_EXCHANGE, "") or is_direct_exchange(entry.exchange):
         return entry.event
     return entry.routing_key
 

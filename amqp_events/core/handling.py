@@ -33,6 +33,7 @@ from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, deci
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.topology import delays, event_queue_name
+from amqp_events.topology.names import is_direct_exchange
 from amqp_events.wire.message import Reason, is_task_body
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def origin_queue(service: str, exchange: str, routing_key: str) -> str:
             _, destination = delays.decode_routing_key(routing_key)
             kind, _, name = destination.partition(".")
             return name if kind == "queue" else event_queue_name(service, name)
-        if exchange == "":
+        if exchange == "" or is_direct_exchange(exchange):  # sent to that one queue by its name
             return routing_key
         return event_queue_name(service, routing_key)
     except ValueError:  # also InvalidName

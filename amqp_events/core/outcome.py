@@ -29,6 +29,7 @@ from amqp_events.core.sections import Section, section_of
 from amqp_events.errors import BreakerOpen, Postponed, Rejected, WorkerLost
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
+from amqp_events.topology.names import to_queue
 from amqp_events.wire.archived import Delivered, Failure, archived_message
 from amqp_events.wire.message import (
     FAILED_SECTION,
@@ -262,7 +263,7 @@ def waiting_for_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:
 
 def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
     """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first."""
-    direct = OutgoingMessage("", delivery.queue, headers, delivery.task_body(), delivery.event_id)
+    direct = OutgoingMessage(*to_queue(delivery.queue), headers, delivery.task_body(), delivery.event_id)
     return direct.after(delay, delays.queue_destination(delivery.queue), now)
 
 

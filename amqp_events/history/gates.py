@@ -22,7 +22,7 @@ from kombu import Exchange
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.handler import Handler
 from amqp_events.topology import Topology
-from amqp_events.topology.names import ordered_exchange_name, partition_queue_name
+from amqp_events.topology.names import ordered_exchange_name, partition_queue_name, to_queue
 from amqp_events.wire.message import EMPTY_EMBED, EVENT_KEY, JSON, OutgoingMessage, json_body
 from amqp_events.wire.parking import HOLD_LIVE, RELEASE_PARKED
 
@@ -72,6 +72,6 @@ def _command(context: ServiceContext, handler: Handler, gate: str, header: str) 
         # Dispatched to an ordered handler's task (any: a command runs nothing), in no key's lane.
         headers = {"task": handler.event, "id": f"{gate}-{header}-{partition:02d}", EVENT_KEY: "", header: gate}
         body = json_body([[], {}, EMPTY_EMBED])
-        message = OutgoingMessage("", queue, headers, body, headers["id"], JSON, "utf-8")
+        message = OutgoingMessage(*to_queue(queue), headers, body, headers["id"], JSON, "utf-8")
         if not context.transport.publish(message):
             raise LookupError(f"partition {queue!r} is gone: declare the service's topology again")

@@ -34,7 +34,7 @@ from amqp_events.errors import BadArguments, PublishError, TopologyMissing
 from amqp_events.history import gates
 from amqp_events.history.records import HistoricEvent, NamesOf, Query, events_in, start_of
 from amqp_events.topology import service_topology
-from amqp_events.topology.names import HISTORY_STREAM, history_cursor_queue_name, slot_of
+from amqp_events.topology.names import HISTORY_STREAM, history_cursor_queue_name, slot_of, to_queue
 from amqp_events.wire import batch
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, JSON, OutgoingMessage, copy_headers, event_key
 from amqp_events.wire.parking import HISTORY_REPLAY
@@ -191,7 +191,7 @@ class HistoryReplay:
     def _record(self, report: ReplayReport, next_offset: int | None, done: bool) -> None:
         cursor = Cursor(report.replay, _query_record(self.query), self.handler, next_offset, report.replayed, done)
         body = json.dumps(asdict(cursor)).encode("utf-8")
-        message = OutgoingMessage("", self.cursor_queue, {}, body, report.replay, "application/json", "utf-8")
+        message = OutgoingMessage(*to_queue(self.cursor_queue), {}, body, report.replay, "application/json", "utf-8")
         if not self.context.transport.publish(message):
             raise TopologyMissing(f"the queue {self.cursor_queue!r} is gone: the replay cannot record how far it got")
 
@@ -215,7 +215,7 @@ def replayed_copy(event: HistoricEvent, handler: Handler, replay: str) -> Outgoi
     """What a replay publishes: the event as it was fired, to ``handler``'s queue (or ordered exchange) alone."""
     message = event.message
     headers = copy_headers(message.headers, retries=0, **{HISTORY_REPLAY: replay})
-    exchange, routing_key = (handler.queue, event.event) if handler.ordered else ("", handler.queue)
+    exchange, routing_key = (handler.queue, event.event) if handler.ordered else to_queue(handler.queue)
     if handler.ordered and EVENT_SLOT not in headers:
         headers.update(_key_and_slot(event, handler))
     return OutgoingMessage(

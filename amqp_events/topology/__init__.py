@@ -16,6 +16,7 @@ from amqp_events.topology.names import (
     ordered_exchange_name,
     parked_queue_name,
     partition_queue_name,
+    to_queue,
 )
 from amqp_events.topology.service import service_topology
 
@@ -30,4 +31,5 @@ __all__ = [
     "parked_queue_name",
     "partition_queue_name",
     "service_topology",
+    "to_queue",
 ]

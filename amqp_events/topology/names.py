@@ -20,6 +20,7 @@ SLOTS = KEY_SLOTS
 _WORD = r"[A-Za-z0-9_-]+"
 _SERVICE = re.compile(rf"^{_WORD}$")
 _EVENT = re.compile(rf"^{_WORD}(\.{_WORD})*$")
+_RESERVED = ("amq", delays.PREFIX)
 _MAX_QUEUE_NAME = 255 - len(delays.routing_key(0, delays.queue_destination("")))
 
 
@@ -29,7 +30,37 @@ def check_service_name(service: object) -> str:
             f"service name {service!r} must be letters, digits, '_' or '-' (no dots or colons: "
             "they separate the parts of queue names)"
         )
+    if service in _RESERVED:
+        # The shared topology's names and the broker's own start with these: a service so named would own them.
+        raise InvalidName(f"service name {service!r} is reserved (the broker's 'amq.' names, the shared topology's)")
     return service
+
+
+def direct_exchange_name(service: str) -> str:
+    """The exchange through which a message reaches one queue of ``service`` by the queue's name (a retry, an
+    archived copy, a replay): the service's own, so that no other service can write into its queues."""
+    return f"{check_service_name(service)}.direct"
+
+
+def is_direct_exchange(name: str) -> bool:
+    """Is ``name`` a service's direct exchange (which workers declare, never producers)?"""
+    service, dot, rest = name.partition(".")
+    return bool(dot) and rest == "direct" and bool(_SERVICE.match(service))
+
+
+def owner_of(queue: str) -> str | None:
+    """The service whose queue ``queue`` is (``orders`` of ``orders:x.y``, ``orders.archive``...), if one's."""
+    service = re.split(r"[.:]", queue, maxsplit=1)[0]
+    if service == queue or not _SERVICE.match(service) or service in _RESERVED:
+        return None
+    return service
+
+
+def to_queue(queue: str) -> tuple[str, str]:
+    """``(exchange, routing key)`` that reach ``queue`` alone: its service's direct exchange, by its name (the
+    default exchange for a queue no service owns)."""
+    service = owner_of(queue)
+    return (direct_exchange_name(service), queue) if service else ("", queue)
 
 
 def check_event_name(event: object) -> str:

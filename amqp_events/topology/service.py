@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kombu import Exchange
+
 from amqp_events.settings import Settings
 from amqp_events.topology.history import history_cursor_queue, history_stream
 from amqp_events.topology.layout import (
+    Binding,
     Topology,
     archive_queue,
     delay_ladder,
@@ -14,7 +17,7 @@ from amqp_events.topology.layout import (
     events_exchange,
     heartbeats_exchange,
 )
-from amqp_events.topology.names import check_service_name
+from amqp_events.topology.names import check_service_name, direct_exchange_name, owner_of
 from amqp_events.topology.ordered import ordered_partitions, parked_queues, workers_queue
 
 
@@ -38,10 +41,14 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
         queues.extend([stream, history_cursor_queue(service, settings)])
         bindings.extend(its_bindings)
     archive = archive_queue(service, settings)
+    queues = [*queues, archive, *event_queues]
+    # Each of its queues by its name on its own direct exchange: how its copies reach one queue alone.
+    direct = Exchange(direct_exchange_name(service), "direct", durable=True, auto_delete=False)
+    bindings.extend(Binding(direct, queue, queue.name) for queue in queues if owner_of(queue.name) == service)
     return Topology(
         service=check_service_name(service),
-        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange()),
-        queues=(*queues, archive, *event_queues),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(), direct),
+        queues=tuple(queues),
         bindings=tuple(bindings),
         event_queues=tuple(event_queues),
         archive=archive,

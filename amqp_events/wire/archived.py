@@ -19,7 +19,7 @@ from typing import Any
 from kombu.utils.json import loads as json_loads
 
 from amqp_events.clock import SYSTEM_CLOCK
-from amqp_events.topology.names import archive_queue_name, event_queue_name
+from amqp_events.topology.names import archive_queue_name, event_queue_name, to_queue
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import (
     ARCHIVE_ATTEMPTS,
@@ -128,8 +128,7 @@ def archived_message(delivered: Delivered, failure: Failure, service: str, handl
         }
     )
     return OutgoingMessage(
-        exchange="",
-        routing_key=archive_queue_name(service),
+        *to_queue(archive_queue_name(service)),
         headers=headers,
         body=delivered.body,
         message_id=event_id(delivered.headers) or str(uuid.uuid4()),

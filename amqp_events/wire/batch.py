@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from amqp_events.topology.names import to_queue
 from amqp_events.wire.message import JSON, OutgoingMessage, event_id, is_task_body
 
 #: On a batch: how many events it carries.
@@ -66,7 +67,7 @@ def batch_message(queue: str, event: str, entries: list[bytes], extra_headers: M
     batch_id = uuid.uuid4().hex
     headers = {"task": event, "id": batch_id, REPLAY_BATCH: len(entries), **extra_headers}
     body = b"[" + b",".join(entries) + b"]"
-    return OutgoingMessage("", queue, headers, body, batch_id, JSON, "utf-8")
+    return OutgoingMessage(*to_queue(queue), headers, body, batch_id, JSON, "utf-8")
 
 
 def events_of(event: object, decoded: Any) -> list[BatchedEvent]:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from amqp_events.errors import TooLarge
+
 #: Nesting of a header value (a table in a table...): the library's own go 3 deep (``x-death``).
 MAX_HEADER_DEPTH = 16
 #: An AMQP short string (``message_id``, a routing key) holds at most 255 bytes.
@@ -28,10 +30,6 @@ MAX_BODY = 16 * 1024 * 1024
 #: Enough recursion for py-amqp to read the deepest header table a 128 KiB frame can hold (5 bytes a level),
 #: so that such a message reaches the checks here instead of stopping the consumer.
 DECODING_RECURSION = 131_072 // 5 + 2_000
-
-
-class TooLarge(ValueError):
-    """A body that inflates past :data:`MAX_BODY`."""
 
 
 def _optional(kind: type | tuple[type, ...]) -> Callable[[Any], bool]:

@@ -49,6 +49,7 @@ from amqp_events.middleware.metrics import HandlerMetrics
 from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock, Waiting
 from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
 from amqp_events.topology import delays
+from amqp_events.topology.names import is_direct_exchange, to_queue
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import JSON, OutgoingMessage, event_id, event_name
 
@@ -262,7 +263,9 @@ class InProcess:
         """Put a raw message straight into ``queue`` (to test what a worker does with bad input)."""
         headers = dict(headers or {})
         message_id = str(headers.get("id") or "")
-        self.transport.publish(OutgoingMessage("", queue, headers, body, message_id, content_type, content_encoding))
+        self.transport.publish(
+            OutgoingMessage(*to_queue(queue), headers, body, message_id, content_type, content_encoding)
+        )
 
     def relay_outbox(self, app: EventsApp, engine: Any = None) -> int:
         """Publish ``app``'s committed outbox rows with the relay's own code, then handle what is due.
@@ -289,7 +292,7 @@ class InProcess:
             if not destination.startswith("event."):
                 return  # a retry's copy
             subscribed = name in self.subscribed
-        elif not message.exchange:
+        elif not message.exchange or is_direct_exchange(message.exchange):
             return  # a copy for one queue: a retry, an archived or a replayed message
         if cloud_events.is_cloud_event(envelope.headers, envelope.content_type):
             try:
