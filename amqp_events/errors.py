@@ -34,6 +34,10 @@ class TopologyMismatch(RuntimeError):
         self.kind, self.name, self.argument = kind, name, argument
 
 
+class PermissionRefused(RuntimeError):
+    """The broker refused the service's user something it needs (a grant is missing); the message names it."""
+
+
 class InvalidName(ValueError):
     """A service or event name the topology cannot be built from."""
 

@@ -221,7 +221,7 @@ class Exporter:
                 self._stop.wait(2)
 
     def _listen(self) -> None:
-        queue = heartbeats_listener("exporter")
+        queue = heartbeats_listener(self.app.service, "exporter", self.app.events_settings)
         with (
             self.app.connection_for_read() as connection,
             connection.Consumer(queue, callbacks=[self._on_heartbeat], accept=["json"]),

@@ -41,6 +41,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": ("amqp_events_archive_ttl_ms", "int"),
     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": ("amqp_events_archive_max_length", "int"),
     "AMQP_EVENTS_METRICS_PORT": ("amqp_events_metrics_port", "int"),
+    # Set by an administrator where the shared topology is declared for the services (least privilege).
+    "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
 }
 
 SETTING_PREFIX = "amqp_events_"
@@ -56,6 +58,12 @@ class Settings:
 
     #: Topic exchange every service fires events to.
     exchange: str = "events"
+    #: Who declares what every service on the vhost shares (the events exchange, the delay ladder, the heartbeats
+    #: and delivery exchanges, the history stream): "declare" (each worker and producer, idempotent: its user
+    #: needs configure rights on them) or "check" (an administrator declared them with ``amqp-events topology
+    #: declare``; workers and producers only check that they are there, and a service's user needs rights on its
+    #: own queues alone: ``amqp-events topology permissions``).
+    shared_topology: str = "declare"
     #: Retries after the first attempt before a failing message is archived.
     max_retries: int = 10
     #: First retry delay in seconds; attempt ``k`` waits ``backoff_base * 2**(k-1)``.
@@ -130,6 +138,11 @@ class Settings:
     #: Bytes of one segment file: retention drops whole segments, so old events go in steps of this size.
     history_segment_bytes: int = 100 * 1024**2
 
+    @property
+    def checks_shared_topology(self) -> bool:
+        """Does this app only check the shared topology (declared by an administrator)?"""
+        return self.shared_topology == "check"
+
     def __post_init__(self) -> None:
         problems = []
         if self.max_retries < 0:
@@ -154,6 +167,8 @@ class Settings:
             problems.append("inbox_retention and inbox_prune_interval must be > 0")
         if self.log_format not in ("text", "json"):
             problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
+        if self.shared_topology not in ("declare", "check"):
+            problems.append(f"shared_topology must be 'declare' or 'check', not {self.shared_topology!r}")
         if self.wire_format not in ("celery", "cloudevents"):
             problems.append(f"wire_format must be 'celery' or 'cloudevents', not {self.wire_format!r}")
         if not 1 <= self.partitions <= KEY_SLOTS:

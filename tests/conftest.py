@@ -167,11 +167,13 @@ def cli_process(broker_url: str, rabbitmq: Any) -> Callable[..., Any]:
     environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS),
                    "AMQP_EVENTS_MANAGEMENT_URL": rabbitmq.management.base_url}  # fmt: skip
 
-    def run(*args: str, app: str | None = "services.orders", input: str | None = None) -> Any:
+    def run(
+        *args: str, app: str | None = "services.orders", input: str | None = None, env: dict[str, str] | None = None
+    ) -> Any:
         prefix = ["-A", app] if app else []
         return subprocess.run(
-            [AMQP_EVENTS, *prefix, *args], env=environment, cwd=TESTS, input=input, capture_output=True,
-            text=True, timeout=120,
+            [AMQP_EVENTS, *prefix, *args], env={**environment, **(env or {})}, cwd=TESTS, input=input,
+            capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
     return run

@@ -97,7 +97,10 @@ def test_a_retry_request_uses_its_own_countdown_and_limit_once():
 def test_a_countdown_of_zero_goes_straight_back():
     outcome = decide(delivery(), Failed(ValueError(), countdown=0), handling(), NOW)
     assert isinstance(outcome, Redeliver) and outcome.delay == 0
-    assert (outcome.copy.exchange, outcome.copy.routing_key) == ("orders.direct", QUEUE) and DUE_AT not in outcome.copy.headers
+    assert (outcome.copy.exchange, outcome.copy.routing_key) == (
+        "orders.direct",
+        QUEUE,
+    ) and DUE_AT not in outcome.copy.headers
 
 
 def test_a_lost_pool_process_sends_it_back_at_once_counting_the_loss():

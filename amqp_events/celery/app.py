@@ -38,6 +38,7 @@ from amqp_events.inbox.base import DedupStore, TransactionalInbox
 from amqp_events.middleware import standard_middleware
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
 from amqp_events.topology import Topology, check_service_name
+from amqp_events.topology.names import control_namespace
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import OutgoingMessage
 
@@ -384,7 +385,7 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
     caller = inspect.currentframe()
     module = caller.f_back.f_globals.get("__file__") if caller and caller.f_back else None
     app = EventsApp(service, home=Path(module).resolve().parent if module else None)
-    defaults = {**CELERY_DEFAULTS, **environment_defaults()}
+    defaults = {**CELERY_DEFAULTS, "control_exchange": control_namespace(service), **environment_defaults()}
     app.add_defaults(lambda: defaults)
     app.steps["worker"].add(MetricsEndpoint)
     app.steps["worker"].add(BreakerState)

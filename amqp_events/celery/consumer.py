@@ -33,7 +33,7 @@ from amqp_events.celery.ordered import OrderedRunner
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.errors import TopologyMismatch
+from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing
 from amqp_events.topology.declare import declare_topology
 from amqp_events.wire.message import Reason
 
@@ -134,7 +134,7 @@ def declare_on_connect(context: ServiceContext, connection: Connection, consumed
     """Declare the service's topology on a new connection; complain if no event queue is consumed."""
     try:
         declare_topology(connection, context.topology)
-    except TopologyMismatch as exc:
+    except (TopologyMismatch, TopologyMissing, PermissionRefused) as exc:
         logger.critical("cannot start service %r: %s", context.name, exc)
         raise
     event_queues = {queue.name for queue in context.topology.event_queues}

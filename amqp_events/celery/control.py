@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.app.control import Control
 from celery.worker.control import Panel, control_command
+from kombu.utils.functional import lazy
 
 from amqp_events.celery.steps import breakers_of
 from amqp_events.errors import SteeringError
+from amqp_events.topology.names import control_namespace
 
 COMMAND = "amqp_events_breaker"
 PARKED = "amqp_events_parked"
@@ -68,7 +71,7 @@ def amqp_events_breaker(state: Any, service: str, handler: str, action: str) -> 
 def steer(app: Any, service: str, handler: str, action: str, wait: float = 3.0) -> dict[str, list[str]]:
     """Hold ``handler``'s breaker open (``open``) or release it (``close``) in every live worker of ``service``;
     returns the handlers each worker that has it matched, by worker."""
-    replies = app.control.broadcast(
+    replies = control_of(app, service).broadcast(
         COMMAND, arguments={"service": service, "handler": handler, "action": action}, reply=True, timeout=wait
     )
     matched = {}
@@ -86,10 +89,39 @@ def steer(app: Any, service: str, handler: str, action: str, wait: float = 3.0) 
 def parked(app: Any, service: str, wait: float = 3.0) -> dict[str, dict[str, dict[str, Any]]]:
     """The parked keys of ``service``'s partitions, by partition and key (``{"head": id, "waiting": n}``; the
     key ``""``: a history replay's gate), as the workers consuming them answer."""
-    replies = app.control.broadcast(PARKED, arguments={"service": service}, reply=True, timeout=wait)
+    replies = control_of(app, service).broadcast(PARKED, arguments={"service": service}, reply=True, timeout=wait)
     found: dict[str, dict[str, dict[str, Any]]] = {}
     for reply in replies:
         for answer in reply.values():
             if isinstance(answer, dict) and answer.get("service") == service:
                 found.update(answer["partitions"])
     return found
+
+
+def control_of(app: Any, service: str) -> Any:
+    """Celery's remote control of ``service``'s workers, through ``app``'s connection: each service's workers
+    listen on a mailbox of their own (:func:`~amqp_events.topology.names.control_namespace`)."""
+    if service == app.service:
+        return app.control
+    return ServiceControl(app, service)
+
+
+class ServiceControl(Control):  # type: ignore[misc]
+    """Upstream: ``Control`` names its mailbox after ``app.conf.control_exchange``; this one, another service's."""
+
+    def __init__(self, app: Any, service: str) -> None:
+        super().__init__(app)
+        conf = app.conf
+        self.mailbox = self.Mailbox(
+            control_namespace(service),
+            type="fanout",
+            accept=conf.accept_content,
+            serializer=conf.task_serializer,
+            producer_pool=lazy(lambda: app.amqp.producer_pool),
+            queue_ttl=conf.control_queue_ttl,
+            reply_queue_ttl=conf.control_queue_ttl,
+            queue_expires=conf.control_queue_expires,
+            queue_exclusive=conf.control_queue_exclusive,
+            queue_durable=conf.control_queue_durable,
+            reply_queue_expires=conf.control_queue_expires,
+        )

@@ -29,7 +29,7 @@ def listen(app: Any, seconds: float, listener: str, service: str | None = None) 
         message.ack()
 
     end = time.monotonic() + seconds
-    queue = heartbeats_listener(listener)
+    queue = heartbeats_listener(app.service, listener, app.events_settings)
     with app.connection_for_read() as connection, connection.Consumer(queue, callbacks=[heard], accept=["json"]):
         while time.monotonic() < end:
             with contextlib.suppress(TimeoutError):

@@ -50,7 +50,7 @@ def send(channel: Any, message: OutgoingMessage, confirm_timeout: float | None =
     )  # fmt: skip
 
 
-def exchange_to_declare(message: OutgoingMessage) -> Exchange | None:
+def exchange_to_declare(message: OutgoingMessage, passive: bool = False) -> Exchange | None:
     """The events exchange ``message`` goes to, which its publisher declares (a topic exchange, as apps do).
 
     The default exchange always exists; the delay ladder and a service's ordered and direct exchanges are
@@ -59,7 +59,13 @@ def exchange_to_declare(message: OutgoingMessage) -> Exchange | None:
     exchange = message.exchange
     if not exchange or message.delayed or is_ordered_exchange(exchange) or is_direct_exchange(exchange):
         return None
-    return Exchange(message.exchange, "topic", durable=True, auto_delete=False)
+    return Exchange(message.exchange, "topic", durable=True, auto_delete=False, passive=passive)
+
+
+def checks_shared(app: Any) -> bool:
+    """Does ``app`` only check the shared topology (its events exchange declared passively)?"""
+    settings = getattr(app, "events_settings", None)
+    return bool(settings and settings.checks_shared_topology)
 
 
 class Publisher:
@@ -162,7 +168,7 @@ class Publisher:
         channel = producer.channel
         returned = self._returns_on(channel)
         declared = self._declared.setdefault(channel, set())
-        exchange = exchange_to_declare(message) if message.exchange not in declared else None
+        exchange = exchange_to_declare(message, checks_shared(self.app)) if message.exchange not in declared else None
         if exchange is not None:
             exchange.declare(channel=channel)
             declared.add(exchange.name)
@@ -207,6 +213,7 @@ class ConfirmedBatchPublisher:
 
     def __init__(self, app: Celery, timeout: float, window: int = 2000) -> None:
         self.timeout, self.window = timeout, window
+        self.passive = checks_shared(app)
         self.connection = app.connection_for_write(transport_options={"confirm_publish": False})
         self._errors = (*self.connection.connection_errors, OperationalError)
         #: Delivery tag -> (key, message) of what the broker has not confirmed yet, oldest first.
@@ -334,7 +341,7 @@ class ConfirmedBatchPublisher:
         ) from error
 
     def _declare_exchange_of(self, message: OutgoingMessage) -> None:
-        exchange = exchange_to_declare(message) if message.exchange not in self._declared else None
+        exchange = exchange_to_declare(message, self.passive) if message.exchange not in self._declared else None
         if exchange is not None:
             exchange.declare(channel=self.channel)
             self._declared.add(exchange.name)

@@ -152,7 +152,7 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
     def start(self, c: Any) -> None:
         interval = c.app.events_settings.heartbeat_interval
         channel = c.connection.channel()
-        exchange = heartbeats_exchange()
+        exchange = heartbeats_exchange(c.app.events_settings)
         exchange.declare(channel=channel)
         self.producer = Producer(channel, exchange=exchange)
         self.beat(c, "online")

@@ -12,7 +12,14 @@ from kombu import Connection
 from kombu.exceptions import OperationalError
 
 from amqp_events.celery import EventsApp
-from amqp_events.errors import InvalidName, ManagementError, PublishError, TopologyMismatch, TopologyMissing
+from amqp_events.errors import (
+    InvalidName,
+    ManagementError,
+    PermissionRefused,
+    PublishError,
+    TopologyMismatch,
+    TopologyMissing,
+)
 from amqp_events.management import ManagementAPI
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -27,6 +34,7 @@ EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
     TopologyMissing,
     ManagementError,
     InvalidName,
+    PermissionRefused,
 )
 
 

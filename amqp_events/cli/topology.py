@@ -1,4 +1,4 @@
-"""``amqp-events topology show|declare|check``."""
+"""``amqp-events topology show|declare|check|permissions``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import click
 from amqp_events.cli.context import Context, one_line_errors, pass_context
 from amqp_events.topology import Topology
 from amqp_events.topology.check import LiveTopology, differences, expected_bindings
+from amqp_events.topology.permissions import rabbitmqctl_commands, service_grants
 
 
 @click.group()
@@ -89,3 +90,23 @@ def topology_check(context: Context) -> None:
     if any(difference.wrong for difference in found):
         raise SystemExit(1)
     click.echo(f"the broker matches the topology of service {context.app.service!r} ({len(live.nodes)} node(s))")
+
+
+@topology.command("permissions")
+@click.option("--user", help="The RabbitMQ user of the service (default: the service's name).")
+@pass_context
+def topology_permissions(context: Context, user: str | None) -> None:
+    """Print the RabbitMQ permissions the service's user needs, as rabbitmqctl commands.
+
+    They grant the service its own queues and exchanges, and writing to (or binding from) what every service
+    shares, never configuring it: declare that as an administrator (`topology declare`) and set
+    amqp_events_shared_topology = "check" in the service's app.
+    """
+    app = context.app
+    grants = service_grants(app.service, app.events_settings)
+    click.echo(
+        f"# service {app.service!r} on vhost {context.vhost!r}; the shared topology declared by an administrator "
+        "(`amqp-events -A <app> topology declare`), the app set with amqp_events_shared_topology = 'check'"
+    )
+    for line in rabbitmqctl_commands(grants, user or app.service, context.vhost):
+        click.echo(line)

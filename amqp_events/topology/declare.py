@@ -8,10 +8,10 @@ import re
 import shlex
 from typing import Any
 
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 from kombu import Connection, Queue
 
-from amqp_events.errors import TopologyMismatch
+from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing
 from amqp_events.topology.layout import DELIVERY_LIMIT, KEPT_AS_THEY_ARE, NO_DELIVERY_LIMIT, Topology
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,29 @@ def mismatch(error: PreconditionFailed) -> TopologyMismatch:
     )
 
 
+def missing(error: NotFound, topology: Topology) -> TopologyMissing:
+    """A shared exchange or queue that is not there, although this service only checks it."""
+    reply = str(getattr(error, "reply_text", "") or error)
+    return TopologyMissing(
+        f"{reply}: service {topology.service!r} only checks the topology every service shares "
+        "(amqp_events_shared_topology = 'check'); an administrator declares it with "
+        "`amqp-events -A <app> topology declare` as a user that may configure it"
+    )
+
+
+def refused(error: AccessRefused, topology: Topology) -> PermissionRefused:
+    """The broker refused a declaration to this service's user: the message names the grant it lacks."""
+    reply = str(getattr(error, "reply_text", "") or error)
+    return PermissionRefused(
+        f"{reply}. `amqp-events -A <app> topology permissions` prints what service {topology.service!r} needs"
+        + (
+            "; or let an administrator declare the shared topology and set amqp_events_shared_topology = 'check'"
+            if not topology.checks_shared
+            else ""
+        )
+    )
+
+
 def _readable(value: str) -> str:
     value = value.strip()
     if value == "none":
@@ -67,16 +90,30 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
     """
     kept: dict[str, list[str]] = {}
     channel: Any = connection.channel()
+
+    def only_checked(name: str) -> bool:
+        return topology.checks_shared and not topology.is_own(name)
+
     try:
         for exchange in topology.exchanges:
-            exchange.declare(channel=channel)
+            exchange.declare(channel=channel)  # passive, when only checked (layout.shared_exchange)
         for queue in topology.queues:
-            channel = _declare_queue(connection, channel, queue, kept)
+            if only_checked(queue.name):
+                channel.queue_declare(queue.name, passive=True)
+            else:
+                channel = _declare_queue(connection, channel, queue, kept)
         for link in topology.bindings:
             destination: Any = link.destination  # a Queue or an Exchange: both bind the same way
-            destination.bind_to(link.source, routing_key=link.routing_key, arguments=link.arguments, channel=channel)
+            if not only_checked(destination.name):
+                destination.bind_to(
+                    link.source, routing_key=link.routing_key, arguments=link.arguments, channel=channel
+                )
     except PreconditionFailed as error:
         raise mismatch(error) from None
+    except NotFound as error:
+        raise missing(error, topology) from None
+    except AccessRefused as error:
+        raise refused(error, topology) from None
     finally:
         if channel.is_open:
             channel.close()

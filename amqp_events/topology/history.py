@@ -29,7 +29,7 @@ def history_stream(settings: Settings) -> tuple[Queue, list[Binding]]:
         queue_arguments=retention,
     )
     delayed_fires = delays.destination_pattern(delays.event_destination("#"))
-    return stream, [Binding(delivery_exchange(), stream, delayed_fires)]
+    return stream, [Binding(delivery_exchange(settings), stream, delayed_fires)]
 
 
 def history_cursor_queue(service: str, settings: Settings) -> Queue:

@@ -35,6 +35,7 @@ from amqp_events.topology import delays
 from amqp_events.topology.names import (
     archive_queue_name,
     event_queue_name,
+    owner_of,
 )
 
 #: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
@@ -61,20 +62,37 @@ UNROUTABLE_TTL_MS = 7 * 24 * 3600 * 1000
 UNROUTABLE_MAX_LENGTH = 10_000
 
 
+def shared_exchange(name: str, kind: str, settings: Settings, **arguments: object) -> Exchange:
+    """An exchange every service of the vhost shares: declared passively (only checked) when an administrator
+    declares the shared topology (``amqp_events_shared_topology = "check"``)."""
+    return Exchange(
+        name,
+        kind,
+        durable=True,
+        auto_delete=False,
+        arguments=arguments or None,
+        passive=settings.checks_shared_topology,
+    )
+
+
 def events_exchange(settings: Settings) -> Exchange:
-    return Exchange(settings.exchange, "topic", durable=True, auto_delete=False)
+    return shared_exchange(settings.exchange, "topic", settings)
 
 
-def heartbeats_exchange() -> Exchange:
-    """Where workers announce themselves every few seconds (read by ``amqp-events exporter``)."""
-    return Exchange(f"{delays.PREFIX}.heartbeats", "fanout", durable=True, auto_delete=False)
+#: Where workers announce themselves every few seconds (read by ``amqp-events exporter``).
+HEARTBEATS = f"{delays.PREFIX}.heartbeats"
 
 
-def heartbeats_listener(listener: str) -> Queue:
-    """A private queue receiving every heartbeat while ``listener`` (the exporter, the CLI) reads them."""
+def heartbeats_exchange(settings: Settings) -> Exchange:
+    return shared_exchange(HEARTBEATS, "fanout", settings)
+
+
+def heartbeats_listener(service: str, listener: str, settings: Settings) -> Queue:
+    """A private queue of ``service`` receiving every heartbeat while ``listener`` (the exporter, the CLI) reads
+    them (named after the service: its user may create it)."""
     return Queue(
-        f"{delays.PREFIX}.{listener}.{uuid.uuid4().hex[:12]}",
-        exchange=heartbeats_exchange(),
+        f"{service}.{listener}.{uuid.uuid4().hex[:12]}",
+        exchange=heartbeats_exchange(settings),
         exclusive=True,
         auto_delete=True,
         durable=False,
@@ -82,14 +100,8 @@ def heartbeats_listener(listener: str) -> Queue:
     )
 
 
-def delivery_exchange() -> Exchange:
-    return Exchange(
-        delays.DELIVERY_EXCHANGE,
-        "topic",
-        durable=True,
-        auto_delete=False,
-        arguments={"alternate-exchange": delays.UNROUTABLE},
-    )
+def delivery_exchange(settings: Settings) -> Exchange:
+    return shared_exchange(delays.DELIVERY_EXCHANGE, "topic", settings, **{"alternate-exchange": delays.UNROUTABLE})
 
 
 def bounded(ttl_ms: int, max_length: int) -> dict[str, object]:
@@ -131,6 +143,13 @@ class Topology:
     #: The queues the service's workers consume (a subset of ``queues``).
     event_queues: tuple[Queue, ...]
     archive: Queue
+    #: Declare only what is the service's own, and check that the shared parts are there
+    #: (``amqp_events_shared_topology = "check"``).
+    checks_shared: bool = False
+
+    def is_own(self, name: str) -> bool:
+        """Is the exchange or queue ``name`` this service's own (not shared with the vhost's other services)?"""
+        return owner_of(name) == self.service
 
     def queue(self, name: str) -> Queue:
         for queue in self.queues:
@@ -154,12 +173,9 @@ def quorum(settings: Settings) -> dict[str, object]:
 
 def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[Binding]]:
     """The shared delay ladder, the delivery exchange and the unroutable catch-all."""
-    unroutable_exchange = Exchange(delays.UNROUTABLE, "fanout", durable=True, auto_delete=False)
-    delivery = delivery_exchange()
-    levels = {
-        level: Exchange(delays.level_name(level), "topic", durable=True, auto_delete=False)
-        for level in range(delays.LEVELS)
-    }
+    unroutable_exchange = shared_exchange(delays.UNROUTABLE, "fanout", settings)
+    delivery = delivery_exchange(settings)
+    levels = {level: shared_exchange(delays.level_name(level), "topic", settings) for level in range(delays.LEVELS)}
     exchanges = [unroutable_exchange, delivery, *levels.values()]
     bindings = []
     queues = [
@@ -204,7 +220,7 @@ def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, li
         auto_delete=False,
         queue_arguments=consumed_queue_arguments(name, settings),
     )
-    return queue, delivery_bindings(queue, event)
+    return queue, delivery_bindings(queue, event, settings)
 
 
 def consumed_queue_arguments(name: str, settings: Settings) -> dict[str, object]:
@@ -218,9 +234,9 @@ def consumed_queue_arguments(name: str, settings: Settings) -> dict[str, object]
     }
 
 
-def delivery_bindings(queue: Queue, event: str | None) -> list[Binding]:
+def delivery_bindings(queue: Queue, event: str | None, settings: Settings) -> list[Binding]:
     """What the delivery exchange brings ``queue``: delayed fires of ``event``, and copies sent to it alone."""
-    delivery = delivery_exchange()
+    delivery = delivery_exchange(settings)
     return [
         *([Binding(delivery, queue, delays.destination_pattern(delays.event_destination(event)))] if event else []),
         Binding(delivery, queue, delays.destination_pattern(delays.queue_destination(queue.name))),

@@ -48,6 +48,13 @@ def is_direct_exchange(name: str) -> bool:
     return bool(dot) and rest == "direct" and bool(_SERVICE.match(service))
 
 
+def control_namespace(service: str) -> str:
+    """Celery's ``control_exchange`` of ``service``'s workers: their remote control (``<service>.control.pidbox``,
+    the queues ``<worker>.<service>.control.pidbox``) is the service's own, not the vhost's ``celery.pidbox``,
+    so that no other service can revoke its events or stop its workers."""
+    return f"{check_service_name(service)}.control"
+
+
 def owner_of(queue: str) -> str | None:
     """The service whose queue ``queue`` is (``orders`` of ``orders:x.y``, ``orders.archive``...), if one's."""
     service = re.split(r"[.:]", queue, maxsplit=1)[0]

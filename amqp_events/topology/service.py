@@ -47,9 +47,10 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
     bindings.extend(Binding(direct, queue, queue.name) for queue in queues if owner_of(queue.name) == service)
     return Topology(
         service=check_service_name(service),
-        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(), direct),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(settings), direct),
         queues=tuple(queues),
         bindings=tuple(bindings),
         event_queues=tuple(event_queues),
         archive=archive,
+        checks_shared=settings.checks_shared_topology,
     )
