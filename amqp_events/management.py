@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -15,20 +16,27 @@ from amqp_events.errors import ManagementError
 class ManagementAPI:
     """Calls ``/api/...`` on a RabbitMQ node's management plugin."""
 
-    def __init__(self, base_url: str, user: str = "guest", password: str = "guest", timeout: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(
+        self, base_url: str, user: str | None = None, password: str | None = None, timeout: float = 30.0
+    ) -> None:
+        """``base_url`` may carry its user and password (``http://user:password@host:15672``); otherwise they come
+        from ``user``/``password``, then ``$AMQP_EVENTS_MANAGEMENT_USER``/``$AMQP_EVENTS_MANAGEMENT_PASSWORD``,
+        then RabbitMQ's ``guest`` (which it accepts from loopback only). Never the AMQP URL's: they are not sent
+        over HTTP unless given for it."""
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.username is not None:
+            user, password = urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or "")
+            parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+        user = user if user is not None else os.environ.get("AMQP_EVENTS_MANAGEMENT_USER", "guest")
+        password = password if password is not None else os.environ.get("AMQP_EVENTS_MANAGEMENT_PASSWORD", "guest")
+        self.base_url = urllib.parse.urlunsplit(parts).rstrip("/")
         self._authorization = "Basic " + b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout
 
     @classmethod
     def for_amqp_url(cls, amqp_url: str, management_port: int = 15672) -> ManagementAPI:
-        """The management API beside an AMQP URL (same host and credentials)."""
-        parts = urllib.parse.urlsplit(amqp_url)
-        return cls(
-            f"http://{parts.hostname or 'localhost'}:{management_port}",
-            urllib.parse.unquote(parts.username or "guest"),
-            urllib.parse.unquote(parts.password or "guest"),
-        )
+        """The management API beside an AMQP URL: its host, port 15672, the management API's own credentials."""
+        return cls(f"http://{urllib.parse.urlsplit(amqp_url).hostname or 'localhost'}:{management_port}")
 
     def request(self, method: str, path: str, body: object = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -39,7 +47,15 @@ class ManagementAPI:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 payload = response.read()
         except urllib.error.HTTPError as exc:
-            raise ManagementError(f"{method} {path}: HTTP {exc.code} {exc.read().decode(errors='replace')}") from exc
+            hint = (
+                " (give the management API's user in the URL, http://USER:PASSWORD@host:15672, or as "
+                "AMQP_EVENTS_MANAGEMENT_USER and AMQP_EVENTS_MANAGEMENT_PASSWORD)"
+                if exc.code == 401
+                else ""
+            )
+            raise ManagementError(
+                f"{method} {self.base_url}{path}: HTTP {exc.code} {exc.read().decode(errors='replace')}{hint}"
+            ) from exc
         except (urllib.error.URLError, OSError) as exc:
             raise ManagementError(f"cannot reach the management API at {self.base_url}: {exc}") from exc
         return json.loads(payload) if payload else None

@@ -82,3 +82,29 @@ def test_a_node_whose_distribution_port_was_taken_meanwhile_starts_on_another(tm
             assert "dist_port_already_used" in (tmp_path / "node" / "server.out").read_text()
         finally:
             node.stop()
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The addresses something listens on at TCP ``port`` (from /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.rsplit(":", 1)
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.add(address)
+    return found
+
+
+@pytest.mark.broker
+def test_a_local_node_s_epmd_and_distribution_listen_on_loopback_only(tmp_path):
+    node = LocalBroker(tmp_path / "node")
+    node.start()
+    try:
+        loopback = {"0100007F", "00000000000000000000000001000000"}  # 127.0.0.1, ::1
+        for what, port in (("epmd", node.state.epmd_port), ("distribution", node.state.dist_port)):
+            addresses = listening_addresses(port)
+            assert addresses and addresses <= loopback, f"{what} listens on {addresses}"
+    finally:
+        node.stop()

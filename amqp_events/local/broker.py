@@ -233,6 +233,8 @@ class LocalBroker:
         }
         if state.host != LOOPBACK:  # a node name with an address is a long name
             environment["RABBITMQ_USE_LONGNAME"] = "true"
+        else:  # a node for this machine alone: its epmd listens on loopback only (not 0.0.0.0)
+            environment["ERL_EPMD_ADDRESS"] = LOOPBACK
         directories = [base] if Path(state.home).is_relative_to(base) else [base, Path(state.home)]
         return Installation(Path(state.rabbitmq_root)).command(program, args, environment, directories)
 
@@ -253,11 +255,12 @@ class LocalBroker:
                 ]
             )
         )
-        kernel = ""
-        if state.host != LOOPBACK:  # distribution listens on the node's address and connects from it
-            address = "{" + state.host.replace(".", ",") + "}"
-            settings = f"{{inet_dist_use_interface, {address}}}, {{inet_dist_connect_options, [{{ip, {address}}}]}}"
-            kernel = f"{{kernel, [{settings}]}}"
+        # Erlang distribution listens on the node's address alone (loopback for a node of this machine), never 0.0.0.0.
+        address = "{" + state.host.replace(".", ",") + "}"
+        settings = f"{{inet_dist_use_interface, {address}}}"
+        if state.host != LOOPBACK:  # and connects from it
+            settings += f", {{inet_dist_connect_options, [{{ip, {address}}}]}}"
+        kernel = f"{{kernel, [{settings}]}}"
         (base / "advanced.config").write_text(f"[{kernel}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "enabled_plugins").write_text(f"[{','.join(PLUGINS)}].\n")
