@@ -38,6 +38,19 @@ def call(url: str, body: object = None, headers: dict[str, str] | None = None) -
         return error.code, json.loads(error.read())
 
 
+def status_of(url: str, body: object, headers: dict[str, str]) -> int:
+    """The status of a request whose answer may not be JSON."""
+    try:
+        return call(url, body, headers)[0]
+    except json.JSONDecodeError:
+        request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return error.code
+
+
 def outcome(page, starting: str = "") -> str:
     """What the page says an action it sent came to, once it says that (a page reloads a moment after a
     change, and until then shows the outcome of the previous action)."""
@@ -266,3 +279,51 @@ def _basic(user: str, password: str) -> str:
     import base64
 
     return base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_a_request_for_another_host_name_is_refused_before_anything_else(worker, producer, archive_of, console):
+    """DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 sends its own Host header."""
+    worker("orders")
+    producer.fire("test.ping", ["kept"], {"how": {"permanent": True}})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    rebound = {"Host": "evil.example", **CSRF}
+    purge = f"{console.url}/api/services/orders/archive/purge"
+    assert status_of(purge, {"ids": [archived.id], "confirm": "orders"}, rebound) == 400
+    assert status_of(console.url + "/api/services", None, {"Host": "evil.example"}) == 400
+    assert [entry.id for entry in archive_of("orders").list()] == [archived.id]  # nothing purged
+    assert call(console.url + "/api/services", headers={"Host": "localhost"})[0] == 200
+
+
+def test_x_forwarded_for_is_not_believed_without_a_proxy(worker, producer, archive_of, console):
+    worker("orders")
+    producer.fire("test.ping", ["again"], {"how": {"permanent": True}})
+    [archived] = wait_archived(archive_of("orders"), 1)
+    forged = {"X-Forwarded-For": "6.6.6.6", **CSRF}
+    status, _ = call(f"{console.url}/api/services/orders/archive/replay", {"ids": [archived.id]}, forged)
+    assert status == 200
+    [again] = wait_for(lambda: archive_of("orders").list(), 30, what="archived again (the fix is not out)")
+    assert again.headers["replayed_by"] == "local@console(127.0.0.1)"
+
+
+def test_failed_logins_are_throttled_and_checked_off_the_event_loop(broker_url, rabbitmq):
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    users = f"ann:operator:{hash_password('ann-secret')}"  # the real cost: a fraction of a second each
+    env = {"AMQP_EVENTS_CONSOLE_USERS": users, "AMQP_EVENTS_CONSOLE_TOKEN": "scripts-token"}
+    guarded = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}", env)
+    url = guarded.url + "/api/services"
+    try:
+        guarded.wait_serving(url)
+        wrong = {"Authorization": "Basic " + _basic("ann", "guess")}
+        nobody = {"Authorization": "Basic " + _basic("nobody", "guess")}
+        with ThreadPoolExecutor(12) as pool:
+            guesses = [pool.submit(call, url, None, wrong if n % 2 else nobody) for n in range(10)]
+            token = pool.submit(call, url, None, {"Authorization": "Bearer scripts-token"})
+            finished = [future for future in as_completed([*guesses, token], timeout=120)]
+        # The token's request did not wait behind the ten password checks.
+        assert finished.index(token) < len(finished) - 1 and token.result()[0] == 200
+        assert sorted(future.result()[0] for future in guesses) == [401] * 10
+        status, answer = call(url, headers={"Authorization": "Basic " + _basic("ann", "ann-secret")})
+        assert status == 429 and "too many failed logins" in answer["error"]  # even the right one, for a minute
+    finally:
+        guarded.stop()

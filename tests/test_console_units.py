@@ -91,3 +91,40 @@ def test_a_chart_draws_each_line_scaled_to_its_maximum():
     assert 'points="28.0,132.0 612.0,28.0"' in drawn  # from the bottom left to the top right
     assert "archived (max 5)" in drawn
     assert "no samples yet" in svg([Line("archived", (), "red")], "t")
+
+
+def test_failed_logins_are_counted_per_client_within_a_window():
+    from amqp_events.console.security import LoginThrottle
+
+    now = [0.0]
+    throttle = LoginThrottle(limit=3, window=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert not throttle.refuses("10.0.0.1")
+        throttle.failed("10.0.0.1")
+    assert throttle.refuses("10.0.0.1") and not throttle.refuses("10.0.0.2")
+    now[0] = 61.0
+    assert not throttle.refuses("10.0.0.1")
+
+
+def test_an_unknown_user_costs_one_password_check_as_a_known_one_does(monkeypatch):
+    import hashlib
+
+    from amqp_events.console import security
+
+    users = f"ann:read:{hash_password('secret', rounds=1000)}"
+    access = Access.from_environment({"AMQP_EVENTS_CONSOLE_USERS": users})
+    rounds = []
+    real = hashlib.pbkdf2_hmac
+    monkeypatch.setattr(security.hashlib, "pbkdf2_hmac", lambda *a: rounds.append(a[3]) or real(*a[:3], 1))
+    for name in ("ann", "nobody"):
+        assert access.who("Basic " + base64.b64encode(f"{name}:guess".encode()).decode(), loopback=True) is None
+    assert len(rounds) == 2 and rounds[1] == security.ROUNDS
+
+
+def test_the_console_answers_only_the_names_it_is_reached_by():
+    from amqp_events.console.security import allowed_hosts
+
+    assert set(allowed_hosts("127.0.0.1")) >= {"127.0.0.1", "localhost"}
+    assert "evil.example" not in allowed_hosts("127.0.0.1")
+    assert allowed_hosts("10.1.2.3", ["console.internal"]) == ["10.1.2.3", "console.internal"]
+    assert allowed_hosts("0.0.0.0") == ["*"] and allowed_hosts("0.0.0.0", ["ops"]) == ["ops"]

@@ -7,14 +7,26 @@ import os
 import click
 
 from amqp_events.cli.context import current_context, one_line_errors
-from amqp_events.console.security import Access, hash_password, refuses_to_start
+from amqp_events.console.security import Access, allowed_hosts, hash_password, refuses_to_start
 
 
 @click.group(invoke_without_command=True)
 @click.option("--bind", default="127.0.0.1:8080", show_default=True, metavar="HOST:PORT", help="Where to listen.")
+@click.option(
+    "--host-name",
+    "host_names",
+    multiple=True,
+    metavar="NAME",
+    help="A name the console is reached by (the Host header); requests for any other are refused (repeatable).",
+)
+@click.option(
+    "--proxy",
+    metavar="ADDRESS",
+    help="The reverse proxy in front of the console: only its X-Forwarded-For is believed (for the audit trail).",
+)
 @click.pass_context
 @one_line_errors
-def console(ctx: click.Context, bind: str) -> None:
+def console(ctx: click.Context, bind: str, host_names: tuple[str, ...], proxy: str | None) -> None:
     """Serve the console: every service of the vhost, their archives, replay, purge, pause and resume.
 
     Off a loopback address it needs credentials (AMQP_EVENTS_CONSOLE_USERS, AMQP_EVENTS_CONSOLE_TOKEN,
@@ -44,7 +56,15 @@ def console(ctx: click.Context, bind: str) -> None:
     app = context.app_or_any("console")
     fleet = Fleet(app, context.management, context.vhost, own=bool(context.app_name))
     click.echo(f"console of vhost {context.vhost!r} on http://{bind}/", err=True)
-    uvicorn.run(console_app(fleet, access), host=host.strip("[]"), port=int(port), log_level="warning")
+    uvicorn.run(
+        console_app(fleet, access, allowed_hosts(host, host_names)),
+        host=host.strip("[]"),
+        port=int(port),
+        log_level="warning",
+        # Upstream: uvicorn believes X-Forwarded-For from 127.0.0.1 by default; only from the proxy named here.
+        proxy_headers=proxy is not None,
+        forwarded_allow_ips=proxy or "",
+    )
 
 
 @console.command("hash-password")

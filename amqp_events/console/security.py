@@ -20,7 +20,9 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-from collections.abc import Mapping
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 READ, OPERATOR = "read", "operator"
@@ -80,10 +82,47 @@ class Access:
                 name, _, password = base64.b64decode(credentials.strip()).decode("utf-8").partition(":")
             except ValueError:
                 return None
-            role, password_hash = self.users.get(name, (READ, ""))
-            if password_hash and password_matches(password, password_hash):
+            # An unknown name costs the same PBKDF2 as a known one: the time taken does not tell which names exist.
+            role, password_hash = self.users.get(name, (READ, UNKNOWN_USER_HASH))
+            if password_matches(password, password_hash) and name in self.users:
                 return Who(name, role)
         return None
+
+
+class LoginThrottle:
+    """Failed logins per client: after ``limit`` within ``window`` seconds, that client is refused until the
+    oldest of them is ``window`` seconds old (a password cannot be guessed at the speed of the machine)."""
+
+    def __init__(self, limit: int = 10, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit, self.window, self.clock = limit, window, clock
+        self._failures: dict[str, deque[float]] = {}
+
+    def refuses(self, client: str) -> bool:
+        failures = self._failures.get(client)
+        if not failures:
+            return False
+        while failures and failures[0] <= self.clock() - self.window:
+            failures.popleft()
+        if not failures:
+            del self._failures[client]
+        return len(failures) >= self.limit
+
+    def failed(self, client: str) -> None:
+        if len(self._failures) > 10_000:  # bounded: a flood of addresses forgets the oldest first
+            self._failures.pop(next(iter(self._failures)))
+        self._failures.setdefault(client, deque()).append(self.clock())
+
+
+def allowed_hosts(bind_host: str, names: Iterable[str] = ()) -> list[str]:
+    """The ``Host`` headers the console answers: the address it listens on (and ``localhost`` on loopback) and
+    the names it is reached by; any other is refused first (DNS rebinding). On a wildcard address without
+    names, any (it requires credentials there)."""
+    host = bind_host.strip("[]")
+    given = [name.strip() for name in names if name.strip()]
+    if host in ("0.0.0.0", "::"):
+        return given or ["*"]
+    local = ["localhost", "127.0.0.1", "::1", "[::1]"] if is_loopback(host) else []
+    return [*dict.fromkeys([host, f"[{host}]" if ":" in host else host, *local, *given])]
 
 
 def refuses_to_start(host: str, access: Access) -> str | None:
@@ -119,6 +158,10 @@ def password_matches(password: str, password_hash: str) -> bool:
     except ValueError:
         return False
     return algorithm == "pbkdf2_sha256" and hmac.compare_digest(digest.hex(), expected)
+
+
+#: What an unknown user's password is checked against (it matches no password anyone could send).
+UNKNOWN_USER_HASH = f"pbkdf2_sha256${ROUNDS}$unknown-user${'0' * 64}"
 
 
 def csrf_token() -> str:

@@ -17,23 +17,26 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from amqp_events.console import api, pages
 from amqp_events.console.fleet import Fleet
-from amqp_events.console.security import Access, Who, csrf_matches, csrf_token, is_loopback
+from amqp_events.console.security import Access, LoginThrottle, Who, csrf_matches, csrf_token, is_loopback
 from amqp_events.errors import ManagementError, UnknownService
 
 logger = logging.getLogger(__name__)
 CSRF_COOKIE, CSRF_HEADER = "csrf", "x-csrf-token"
 
 
-def console_app(fleet: Fleet, access: Access) -> Starlette:
-    """The console for ``fleet``'s vhost, letting in whoever ``access`` knows."""
+def console_app(fleet: Fleet, access: Access, hosts: list[str] | None = None) -> Starlette:
+    """The console for ``fleet``'s vhost, letting in whoever ``access`` knows, answering requests for ``hosts``
+    (the ``Host`` header; any, if not given) only."""
 
     @contextlib.asynccontextmanager
     async def listening(_: Starlette) -> AsyncIterator[None]:
@@ -43,7 +46,10 @@ def console_app(fleet: Fleet, access: Access) -> Starlette:
 
     app = Starlette(
         routes=[*pages.routes, *api.routes],
-        middleware=[Middleware(Guard, access=access)],
+        middleware=[
+            Middleware(TrustedHostMiddleware, allowed_hosts=hosts or ["*"]),  # before anything else: DNS rebinding
+            Middleware(Guard, access=access),
+        ],
         exception_handlers={
             HTTPException: http_error,
             UnknownService: not_found,
@@ -63,11 +69,18 @@ class Guard(BaseHTTPMiddleware):
     def __init__(self, app: Any, access: Access) -> None:
         super().__init__(app)
         self.access = access
+        self.throttle = LoginThrottle()
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         client = request.client.host if request.client else ""
-        who = self.access.who(request.headers.get("authorization"), is_loopback(client))
+        authorization = request.headers.get("authorization")
+        if authorization and self.throttle.refuses(client):
+            return JSONResponse({"error": "too many failed logins from this address: wait a minute"}, 429)
+        # PBKDF2 takes a fraction of a second: in a thread, so that the event loop serves others meanwhile.
+        who = await run_in_threadpool(self.access.who, authorization, is_loopback(client))
         if who is None:
+            if authorization:
+                self.throttle.failed(client)
             return JSONResponse(
                 {"error": "authentication required"},
                 status_code=401,
