@@ -53,7 +53,7 @@ def test_export_form_round_trips_binary_bodies():
 
 def test_a_replay_resets_the_retry_count_and_drops_broker_history():
     message = replay_message(archived(b"[[], {}, {}]"))
-    assert message.routing_key == "orders:a.b" and message.exchange == ""
+    assert message.routing_key == "orders:a.b" and message.exchange == "orders.direct"
     assert message.headers["retries"] == 0
     assert not any(key.startswith(("x-", "archive_")) for key in message.headers)
 

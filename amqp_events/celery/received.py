@@ -83,8 +83,9 @@ def entering(message: Message, context: ServiceContext) -> Verdict | None:
     enters a worker. Its headers are checked before anything reads them (:mod:`amqp_events.wire.limits`); the
     ``before_receive`` hooks run, and what they change is written back into the message (a replay batch's events
     are each read by them as they run: :mod:`amqp_events.celery.batches`); then its body is decoded, bounded."""
-    refused = malformed(message.headers)
-    if refused is None and context.middleware.before_receive and not batch.is_batch(message.headers):
+    hooks = bool(context.middleware.before_receive) and not batch.is_batch(message.headers)
+    refused = malformed(message.headers, complete=not hooks)
+    if refused is None and hooks:
         refused = read_in_place(message, lambda received: handling.receive(context, received))
         refused = refused or malformed(message.headers)  # what the hooks made of it (a CloudEvent's id)
     if refused is not None:
@@ -105,10 +106,10 @@ def entering(message: Message, context: ServiceContext) -> Verdict | None:
     return timing(message, context, body)
 
 
-def malformed(headers: Any) -> Refusal | None:
+def malformed(headers: Any, complete: bool = True) -> Refusal | None:
     if not isinstance(headers, dict):
         return Refusal(Reason.MALFORMED_HEADERS, ValueError("the headers are not a table"))
-    wrong = limits.malformed(headers)
+    wrong = limits.malformed(headers, complete)
     if not wrong:
         return None
     for name in wrong:  # the archived copy keeps the others; the exception says what these were

@@ -108,10 +108,11 @@ def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
     return deepest
 
 
-def malformed(headers: Mapping[Any, Any]) -> dict[str, str]:
-    """The headers that are not what they must be, each with what it must be (empty: all fine)."""
+def malformed(headers: Mapping[Any, Any], complete: bool = True) -> dict[str, str]:
+    """The headers that are not what they must be, each with what it must be (empty: all fine); ``complete``:
+    also those an event must have (a CloudEvent in structured mode, say, has them only once it is read)."""
     wrong: dict[str, str] = {}
-    if headers.get("id") is None and headers.get("ce-id") is None:
+    if complete and headers.get("id") is None and headers.get("ce-id") is None:
         wrong["id"] = "is missing: every event has an id (Celery's task id)"
     for key, value in headers.items():
         name = key if isinstance(key, str) else repr(key)
