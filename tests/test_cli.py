@@ -293,3 +293,16 @@ def test_a_confirmed_run_reports_the_ids_it_acted_on(worker, producer, archive_o
         "purged 2 message(s)",
     ]
     assert [entry.id for entry in archive_of("orders").list()] == [ids[2]]
+
+
+def test_topology_and_asyncapi_load_the_app_as_a_worker_does(cli_process):
+    """An app whose handlers live in the modules of its ``imports=``: the commands see them, as its worker does."""
+    app = "services.loading.by_imports"
+    shown = cli_process("topology", "show", app=app)
+    assert shown.returncode == 0 and "loaded:loading.ping" in shown.stdout, shown.stderr
+    declared = cli_process("topology", "declare", app=app)
+    assert declared.returncode == 0, declared.stderr
+    checked = cli_process("topology", "check", app=app)
+    assert checked.returncode == 0 and "extra" not in checked.stdout, checked.stdout + checked.stderr
+    document = cli_process("asyncapi", app=app)
+    assert document.returncode == 0 and "loading.ping" in document.stdout, document.stderr

@@ -7,6 +7,7 @@ from kombu import Connection
 
 from amqp_events import TopologyMismatch, events_app
 from amqp_events.settings import Settings
+from amqp_events.testing import wait_for
 from amqp_events.topology import service_topology
 from amqp_events.topology.declare import declare_topology
 from amqp_events.topology.layout import KEPT_AS_THEY_ARE
@@ -72,3 +73,9 @@ def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker,
         "note queue 'orders:test.ping': created without x-quorum-initial-group-size, x-queue-leader-locator, "
         "x-delivery-limit: kept as it is" in checked.output
     )
+
+
+def test_the_eventlet_pool_is_refused_with_a_message_that_names_gevent(worker):
+    process = worker("orders", pool="eventlet", concurrency=10, ready=False)
+    wait_for(lambda: not process.is_running(), 60, what="the worker to stop")
+    assert "the eventlet pool is not supported" in process.log() and "-P gevent" in process.log()

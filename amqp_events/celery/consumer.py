@@ -33,7 +33,7 @@ from amqp_events.celery.ordered import OrderedRunner
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing
+from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.topology.declare import declare_topology
 from amqp_events.wire.message import Reason
 
@@ -55,6 +55,13 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if type(self.pool).__module__ == "celery.concurrency.eventlet":
+            # Upstream (Celery 5.5-5.7, eventlet 0.3x-0.41): the consumer's connection is read from two green
+            # threads ("Second simultaneous read on fileno"): nothing is handled. gevent has no such problem.
+            raise WorkerStartError(
+                "the eventlet pool is not supported: its worker reads the broker connection twice and handles "
+                "nothing. For handlers that wait on I/O use -P gevent -c N (or -P threads -c N)"
+            )
         install_limits()
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.waker = LoopWaker(self.hub) if self.hub is not None else None

@@ -88,6 +88,8 @@ class Context:
             raise AppNotFound(f"{self.app_name!r} is a {type(app).__name__}, not an app made with events_app()")
         if self.broker:
             app.conf.broker_url = self.broker
+        # As a worker loads it: the modules of its imports= and include= register their handlers and events.
+        app.loader.import_default_modules()
         return app
 
     def app_or_any(self, service: str) -> EventsApp:

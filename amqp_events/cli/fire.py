@@ -38,7 +38,6 @@ def fire(
     """
     args, kwargs = parse_payload(payload, pairs)
     app = context.app
-    app.loader.import_default_modules()  # the modules that may declare it
     declared = app.declared_events.get(event)
     if declared is None or no_validate:  # an event the app does not declare has nothing to validate it
         click.echo(app.fire(event, args, kwargs, countdown=countdown, key=event_key))

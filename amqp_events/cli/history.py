@@ -32,7 +32,6 @@ def moment(ctx: click.Context, param: click.Parameter, value: str | None) -> dat
 
 def history_of() -> History:
     app = current_context().app
-    app.loader.import_default_modules()  # its handlers (``imports=``): what a replay sends to, how arguments are named
     return app.history()
 
 

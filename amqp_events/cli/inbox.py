@@ -29,7 +29,6 @@ def inboxes(url: str | None, table: str) -> list[Any]:
 
         return [InboxTable(create_engine(url), table)]
     app = current_context().app
-    app.loader.import_default_modules()
     found = prunable_stores(app.handlers.values())
     if not found:
         raise click.ClickException(f"no handler of service {app.service!r} has an SQL inbox; name one with --db")

@@ -120,8 +120,9 @@ def differences(topology: Topology, live: LiveTopology, vhost: str = "/") -> lis
 
 
 def _belongs_to(queue: str, service: str) -> bool:
-    """Is ``queue`` one of the service's kind (an event queue, a partition) or of the shared delay ladder?"""
-    return queue.startswith((f"{service}:", f"{ordered_exchange_name(service)}.", f"{delays.PREFIX}."))
+    """Is ``queue`` one of the service's kind (an event queue, a partition) or of the shared delay ladder (not the
+    history stream, which another service may keep, nor a listener's private queue)?"""
+    return queue.startswith((f"{service}:", f"{ordered_exchange_name(service)}.", delays.level_name(0)[:-2]))
 
 
 def _exchange_mismatches(exchange: Exchange, current: dict[str, Any]) -> list[Difference]:
