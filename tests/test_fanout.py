@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import uuid
 import time
 
 import pytest
@@ -67,11 +68,20 @@ def test_a_validation_error_publishes_nothing(worker, broker_url, records):
     app.close()
 
 
-def test_firing_an_event_nobody_subscribes_to_succeeds_and_logs_at_debug(producer, caplog):
+def test_firing_an_event_nobody_subscribes_to_succeeds_and_warns_the_first_time(producer, caplog):
+    name = f"nobody.listens{uuid.uuid4().hex[:6]}"
     with caplog.at_level(logging.DEBUG, logger="amqp_events"):
-        event_id = producer.fire("nobody.listens", [1], {})
-    assert event_id
-    assert any("no service subscribes" in r.message and r.levelno == logging.DEBUG for r in caplog.records)
+        assert producer.fire(name, [1], {}) and producer.fire(name, [2], {})
+    said = [r.levelno for r in caplog.records if "no service subscribes" in r.message]
+    assert said == [logging.WARNING, logging.DEBUG]
+
+
+def test_the_cli_says_when_no_service_subscribes_and_suggests_a_close_name(worker, cli_process):
+    worker("orders")
+    typo = cli_process("fire", "billing.invoice.piad", "--json", '[1, "2.00"]')
+    assert typo.returncode == 1
+    assert "no service subscribes to 'billing.invoice.piad'" in typo.stderr
+    assert "did you mean 'billing.invoice.paid'" in typo.stderr
 
 
 def test_a_pure_producer_declares_no_queue(producer, rabbitmq, vhost):

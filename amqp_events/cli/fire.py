@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import click
 
 from amqp_events.cli.context import Context, one_line_errors, pass_context
+from amqp_events.core.context import Firing, Middleware
 
 
 @click.command()
@@ -38,10 +40,39 @@ def fire(
     """
     args, kwargs = parse_payload(payload, pairs)
     app = context.app
+    results = FireResults()
+    app.add_middleware(results)
+    click.echo(fire_one(app, event, args, kwargs, countdown, no_validate, event_key))
+    if "unroutable" in results.seen:
+        known = sorted({*app.declared_events, *app.handlers})
+        close = difflib.get_close_matches(event, known, n=3, cutoff=0.75)
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        raise click.ClickException(f"no service subscribes to {event!r} on this vhost: nothing received it{hint}")
+
+
+class FireResults(Middleware):
+    """What became of each fire (``confirmed``, ``unroutable``): a command's own look at its result."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def after_fire(self, firing: Firing, result: str, error: BaseException | None) -> None:
+        self.seen.append(result)
+
+
+def fire_one(
+    app: Any,
+    event: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    countdown: float | None,
+    no_validate: bool,
+    event_key: str | None,
+) -> str:
+    """Fire ``event``, validated when the app declares it; its id."""
     declared = app.declared_events.get(event)
     if declared is None or no_validate:  # an event the app does not declare has nothing to validate it
-        click.echo(app.fire(event, args, kwargs, countdown=countdown, key=event_key))
-        return
+        return str(app.fire(event, args, kwargs, countdown=countdown, key=event_key))
     if event_key is not None:
         raise click.UsageError(
             f"{event!r} is declared by the app, which gives its key: --key is for events fired as given"
@@ -54,9 +85,8 @@ def fire(
     except Exception as exc:
         raise click.ClickException(f"{event!r} not fired: its validation refused the payload: {exc!r}") from None
     if isinstance(declared, type):
-        click.echo(instance.fire(countdown=countdown))
-    else:
-        click.echo(declared.fire(tuple(args), kwargs, countdown=countdown))
+        return str(instance.fire(countdown=countdown))
+    return str(declared.fire(tuple(args), kwargs, countdown=countdown))
 
 
 def parse_payload(payload: str | None, pairs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:

@@ -51,6 +51,10 @@ class Sink(Protocol):
 _open_sinks: ContextVar[tuple[Sink, ...]] = ContextVar("amqp_events_sinks", default=())
 
 
+#: ``(service, event)`` of each event fired with no subscriber yet: its first time is a warning, later ones debug.
+_UNROUTABLE: set[tuple[str, str]] = set()
+
+
 def open_sink(service: str) -> Sink | None:
     """The innermost sink open for ``service`` in this context, if any."""
     for sink in reversed(_open_sinks.get()):
@@ -103,9 +107,13 @@ def fire(
     if not routed:
         if message.delayed:
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
-        logger.debug(
-            "fired event=%s service=%s id=%s: no service subscribes to it", event, context.name, message.message_id
-        )
+        first = (context.name, event) not in _UNROUTABLE and len(_UNROUTABLE) < 10_000
+        _UNROUTABLE.add((context.name, event))
+        logger.log(
+            logging.WARNING if first else logging.DEBUG,
+            "fired event=%s service=%s id=%s: no service subscribes to it (nothing received it; a typo in its name?)",
+            event, context.name, message.message_id,
+        )  # fmt: skip
     return message.message_id
 
 
