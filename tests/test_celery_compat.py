@@ -137,3 +137,36 @@ def test_the_worker_command_still_names_a_worker_celery_at_its_host_by_default()
     assert option.default == host_format(default_nodename(None))
     app = events_app("orders")
     assert app.Worker(hostname=option.default, pool_cls="solo").hostname.startswith("orders-")
+
+
+def test_celery_s_retry_options_are_the_library_s_or_refused_with_the_equivalent():
+    from celery import Task
+
+    app = events_app("retrying", broker_url="amqp://in-process.invalid//")
+
+    @app.handler("a.one", retry_backoff=5, retry_backoff_max=60, retry_jitter=True, dont_autoretry_for=(KeyError,))
+    def one(): ...
+
+    class Two(Task):
+        max_retries = 2
+
+        def run(self): ...
+
+    app.handler("a.two")(Two)
+    assert dict(app.handlers["a.one"].retry_options) == {
+        "backoff_base": 5.0, "backoff_max": 60.0, "jitter": True, "dont_retry": (KeyError,)
+    }  # fmt: skip
+    assert dict(app.handlers["a.two"].retry_options) == {"max_retries": 2}
+
+    def anything() -> None: ...
+
+    with pytest.raises(TypeError, match="autoretry_for=.*dont_retry"):
+        app.handler("a.three", autoretry_for=(ConnectionError,))(anything)
+    with pytest.raises(TypeError, match="default_retry_delay.*countdown"):
+        app.handler("a.four", default_retry_delay=30)(anything)
+    app.handler("a.five", autoretry_for=(Exception,))(anything)  # what the library does anyway
+
+
+def test_time_limits_on_a_pool_that_cannot_enforce_them_are_said_at_start(worker):
+    process = worker("orders", env={"TIME_LIMIT": "5"})
+    assert "does not enforce them" in process.log()

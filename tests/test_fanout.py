@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-import uuid
 import time
+import uuid
 
 import pytest
 

@@ -63,6 +63,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
                 "nothing. For handlers that wait on I/O use -P gevent -c N (or -P threads -c N)"
             )
         install_limits()
+        warn_of_time_limits(self.app, self.pool)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
         self.loop_thread = threading.get_ident()
@@ -135,6 +136,25 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
         self.archiver.take(message, decoding_failed(exc))
+
+
+def warn_of_time_limits(app: Any, pool: Any) -> None:
+    """Upstream: only the prefork pool enforces Celery's time limits; with the others they silently do nothing."""
+    if type(pool).__module__ == "celery.concurrency.prefork":
+        return
+    conf = app.conf
+    limited = sorted(
+        task.name
+        for task in app.event_handlers()
+        if (task.time_limit or task.soft_time_limit or conf.task_time_limit or conf.task_soft_time_limit)
+    )
+    if limited:
+        logger.warning(
+            "time_limit/soft_time_limit of %s: the %s pool does not enforce them (only prefork does); a handler "
+            "runs until it returns",
+            ", ".join(limited),
+            type(pool).__module__.rsplit(".", 1)[-1],
+        )
 
 
 def declare_on_connect(context: ServiceContext, connection: Connection, consumed: Mapping[str, Any]) -> None:

@@ -83,6 +83,7 @@ class HandlerDecorator:
                 f"{described} is an async def: coroutine handlers are not supported yet. Write the handler as a "
                 "plain def (call your coroutine with asyncio.run() inside it if you must)"
             )
+        options["retry_options"] = {**celery_retry_options(target, options, described), **options["retry_options"]}
         handler = Handler(
             event=event,
             name=described,
@@ -110,3 +111,45 @@ class HandlerDecorator:
             app.task(name=event, base=EventHandler, bind=self.bind, shared=False, **attributes)(function)
         app.add_handler(handler)
         return target
+
+
+#: Celery's retry options, each as the library's retry policy says it (``None``: refused, with the reason).
+CELERY_RETRY_OPTIONS = ("max_retries", "retry_backoff", "retry_backoff_max", "retry_jitter", "autoretry_for",
+                        "dont_autoretry_for", "default_retry_delay")  # fmt: skip
+#: What a class-based handler inherits from Celery's ``Task``: a value it did not set itself.
+_CELERY_DEFAULTS = {name: getattr(Task, name, None) for name in CELERY_RETRY_OPTIONS}
+
+
+def celery_retry_options(target: Any, options: dict[str, Any], described: str) -> dict[str, Any]:
+    """Celery's retry options given to ``@app.handler`` (taken out of ``options``) or set on a ``Task``
+    subclass, as the library's own; those it has no equivalent for are refused, saying what to use."""
+    given = {name: options.pop(name) for name in CELERY_RETRY_OPTIONS if name in options}
+    if isinstance(target, type):
+        given.update(
+            (name, getattr(target, name))
+            for name in CELERY_RETRY_OPTIONS
+            if name not in given and getattr(target, name, None) != _CELERY_DEFAULTS[name]
+        )
+    mapped: dict[str, Any] = {}
+    for name, value in given.items():
+        if name == "max_retries" and value is not None:
+            mapped["max_retries"] = value
+        elif name == "retry_backoff" and value:
+            mapped["backoff_base"] = 1.0 if value is True else float(value)
+        elif name == "retry_backoff_max":
+            mapped["backoff_max"] = float(value)
+        elif name == "retry_jitter":
+            mapped["jitter"] = bool(value)
+        elif name == "dont_autoretry_for":
+            mapped["dont_retry"] = tuple(value)
+        elif name == "autoretry_for" and value and not any(kind in (Exception, BaseException) for kind in value):
+            raise TypeError(
+                f"{described}: autoretry_for={value!r}: here every exception is retried (on the broker); name "
+                "those that must not be with dont_retry=(...), or raise amqp_events.PermanentFailure"
+            )
+        elif name == "default_retry_delay":
+            raise TypeError(
+                f"{described}: default_retry_delay: retries wait backoff_base * 2**(attempt-1) seconds on the broker "
+                "(backoff_base, backoff_max); for a fixed wait raise self.retry(countdown=N)"
+            )
+    return mapped
