@@ -160,9 +160,9 @@ def test_celery_s_retry_options_are_the_library_s_or_refused_with_the_equivalent
 
     def anything() -> None: ...
 
-    with pytest.raises(TypeError, match="autoretry_for=.*dont_retry"):
+    with pytest.raises(TypeError, match=r"autoretry_for=.*dont_retry"):
         app.handler("a.three", autoretry_for=(ConnectionError,))(anything)
-    with pytest.raises(TypeError, match="default_retry_delay.*countdown"):
+    with pytest.raises(TypeError, match=r"default_retry_delay.*countdown"):
         app.handler("a.four", default_retry_delay=30)(anything)
     app.handler("a.five", autoretry_for=(Exception,))(anything)  # what the library does anyway
 
