@@ -18,7 +18,11 @@ def test_a_batch_carries_each_event_s_headers_and_body_as_they_were():
     bodies = [dumps([["a"], {"at": moment}, None]).encode(), dumps([[], {"n": 2}, {"chain": None}]).encode()]
     entries = [entry({**HEADERS, "id": f"e{n}"}, body) for n, body in enumerate(bodies)]
     message = batch_message("orders:test.ping", "test.ping", entries, {"history_replay": "r1"})
-    assert (message.exchange, message.routing_key, message.content_type) == ("", "orders:test.ping", "application/json")
+    assert (message.exchange, message.routing_key, message.content_type) == (
+        "orders.direct",
+        "orders:test.ping",
+        "application/json",
+    )
     assert message.headers["task"] == "test.ping" and message.headers[REPLAY_BATCH] == 2 and is_batch(message.headers)
     assert message.headers["history_replay"] == "r1" and message.message_id == message.headers["id"]
     first, second = events_of("test.ping", loads(message.body))  # as a worker decodes it (kombu's JSON)
