@@ -306,3 +306,17 @@ def test_topology_and_asyncapi_load_the_app_as_a_worker_does(cli_process):
     assert checked.returncode == 0 and "extra" not in checked.stdout, checked.stdout + checked.stderr
     document = cli_process("asyncapi", app=app)
     assert document.returncode == 0 and "loading.ping" in document.stdout, document.stderr
+
+
+def test_errors_say_which_broker_and_a_closed_pipe_ends_quietly(tmp_path):
+    env = {**os.environ, "BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1/", "PYTHONPATH": str(Path(__file__).parent)}
+    amqp_events = str(Path(sys.executable).parent / "amqp-events")
+    down = subprocess.run([amqp_events, "-A", "services.orders", "archive", "list"], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert down.returncode == 1 and "(broker amqp://guest:**@127.0.0.1:1//)" in down.stderr
+    assert "s3cret" not in down.stderr
+    shown = subprocess.Popen([amqp_events, "-A", "services.orders", "topology", "show"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert shown.stdout is not None and shown.stderr is not None
+    shown.stdout.close()  # as `| head` does once it has its lines
+    assert shown.wait(60) != 0 and b"BrokenPipe" not in shown.stderr.read()

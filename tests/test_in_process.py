@@ -373,3 +373,18 @@ def test_without_prometheus_client_the_in_process_mode_leaves_the_metrics_out(bi
     with in_process(billing, shipping):
         invoice_paid(7)
     assert runs == [7]
+
+
+def test_mistakes_a_user_makes_first_are_told_in_plain_words(billing):
+    import types
+
+    @billing.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int): ...
+
+    with pytest.raises(AttributeError, match=r"an event, not a task: fire it by calling it"):
+        invoice_paid.delay(1)
+    with pytest.raises(TypeError, match=r"takes the services' apps"):
+        in_process(types.ModuleType("orders"))
+    redis = events_app("cache", broker_url="redis://localhost:6379/0")
+    with pytest.raises(ValueError, match=r"runs on RabbitMQ only"):
+        redis.fire("a.b")

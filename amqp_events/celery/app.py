@@ -86,6 +86,7 @@ class EventsApp(EventsCelery):
         """
         if self._settings is None:
             raw = raw_settings(self.conf)
+            check_broker_url(self.conf.broker_url)
             self._settings = Settings.from_raw(raw)
             self.freeze_settings(raw, f"at {SYSTEM_CLOCK.now():%H:%M:%S} UTC, when they were first needed")
         return self._settings
@@ -369,6 +370,20 @@ class EventsApp(EventsCelery):
     def history(self) -> History:
         """The vhost's event history (``amqp_events_history``): find, count and replay past events."""
         return History(self.context, {name: argument_names(event) for name, event in self.declared_events.items()})
+
+
+#: URL schemes of RabbitMQ for kombu: the library builds on RabbitMQ's quorum queues, dead-lettering and TTLs.
+RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def check_broker_url(url: Any) -> None:
+    """Refuse a broker other than RabbitMQ (kombu would fail later, with a message that names nothing of it)."""
+    scheme = str(url or "amqp").partition("://")[0].partition("+")[0].lower()
+    if scheme not in RABBITMQ_SCHEMES:
+        raise ValueError(
+            f"broker_url {scheme}://...: celery-amqp-events runs on RabbitMQ only (amqp:// or amqps://); "
+            "its retries, archive and topology are RabbitMQ queues and exchanges"
+        )
 
 
 def events_app(service: str, **celery_settings: Any) -> EventsApp:

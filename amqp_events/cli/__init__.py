@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import click
@@ -34,6 +35,8 @@ from amqp_events.cli.topology import topology
 @click.pass_context
 def main(ctx: click.Context, app_name: str | None, broker: str | None, management_url: str | None) -> None:
     """Operate celery-amqp-events services: topology, archive, firing events, a local broker."""
+    # Output piped into `head` ends quietly, as any command line tool's does.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # As with `celery -A`, the app's module is found from the current directory.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:

@@ -47,7 +47,7 @@ def expecting(*errors: type[BaseException]) -> Callable[[F], F]:
             try:
                 return command(*args, **kwargs)
             except errors as exc:
-                raise click.ClickException(first_line(exc)) from None
+                raise click.ClickException(first_line(exc) + where(exc)) from None
 
         return wrapper  # type: ignore[return-value]
 
@@ -55,6 +55,16 @@ def expecting(*errors: type[BaseException]) -> Callable[[F], F]:
 
 
 one_line_errors = expecting(*EXPECTED_ERRORS)
+
+
+def where(exc: BaseException) -> str:
+    """For a broker that cannot be reached: which one (its URL, without the password)."""
+    if not isinstance(exc, OperationalError | ConnectionError):
+        return ""
+    context = click.get_current_context(silent=True)
+    found = context.find_object(Context) if context else None
+    app = found.__dict__.get("app") if found else None  # only an app already loaded: never load one here
+    return f" (broker {Connection(app.conf.broker_url).as_uri()})" if app is not None else ""
 
 
 def first_line(exc: BaseException) -> str:

@@ -79,6 +79,14 @@ class Event(Generic[P]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> str:
         return self.fire(args, kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        if name in ("delay", "apply_async", "s", "si", "signature"):  # Celery's ways of calling a task
+            raise AttributeError(
+                f"{self.name!r} is an event, not a task: fire it by calling it ({self.__name__}(...)), or with "
+                f".fire(args, kwargs, countdown=..., eta=...) to delay it on the broker"
+            )
+        raise AttributeError(name)
+
     def fire(
         self,
         args: tuple[Any, ...] = (),

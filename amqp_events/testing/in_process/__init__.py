@@ -357,4 +357,10 @@ def in_process(
     the test handles an :class:`UnhandledEvent` error. ``start`` is where
     the virtual clock starts (default: now).
     """
+    for app in apps:
+        if not isinstance(app, EventsApp):
+            raise TypeError(
+                f"in_process() takes the services' apps (made with events_app), not {app!r}: "
+                "e.g. in_process(orders.celery.app, billing.celery.app)"
+            )
     return InProcess(apps, unhandled=unhandled, start=start)
