@@ -22,7 +22,7 @@ def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq,
     expected = {queue.name for queue in events_app("orders").topology.queues}  # no handler: shared + archive
     others = set(queues) - expected
     # the six event queues of services/orders.py, and Celery's own remote-control queue (auto-deleted)
-    assert {name for name in others if not name.endswith(".celery.pidbox")} == {
+    assert {name for name in others if not name.endswith(".orders.control.pidbox")} == {
         "orders:billing.invoice.paid",
         "orders:test.orders_only",
         "orders:test.sections",
