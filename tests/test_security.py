@@ -38,7 +38,9 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def tls_node(tmp_path):
-    certificates, port = make_certificates(tmp_path / "tls"), free_port()
+    # Inside the node's directory: a node of the other RabbitMQ line runs in a root of its own, which sees only that.
+    (tmp_path / "node").mkdir()
+    certificates, port = make_certificates(tmp_path / "node" / "tls"), free_port()
     node = LocalBroker(
         tmp_path / "node",
         config={

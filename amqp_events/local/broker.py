@@ -235,8 +235,16 @@ class LocalBroker:
             environment["RABBITMQ_USE_LONGNAME"] = "true"
         else:  # a node for this machine alone: its epmd listens on loopback only (not 0.0.0.0)
             environment["ERL_EPMD_ADDRESS"] = LOOPBACK
-        directories = [base] if Path(state.home).is_relative_to(base) else [base, Path(state.home)]
-        return Installation(Path(state.rabbitmq_root)).command(program, args, environment, directories)
+        return Installation(Path(state.rabbitmq_root)).command(program, args, environment, self._shown(state))
+
+    def _shown(self, state: NodeState) -> list[Path]:
+        """The directories a node in a root sees: its own, and its HOME."""
+        base = self.directory
+        return [base] if Path(state.home).is_relative_to(base) else [base, Path(state.home)]
+
+    def _seen_as(self, value: str, state: NodeState) -> str:
+        """A setting's value as the node sees it (a path into its directory, inside a root)."""
+        return Installation(Path(state.rabbitmq_root)).seen_as(value, self._shown(state))
 
     def _write_config(self, state: NodeState) -> None:
         base = self.directory
@@ -250,7 +258,7 @@ class LocalBroker:
                     f"prometheus.tcp.ip = {state.host}",
                     "log.file.level = info",
                     "log.console = false",
-                    *(f"{key} = {value}" for key, value in self.config.items()),
+                    *(f"{key} = {self._seen_as(value, state)}" for key, value in self.config.items()),
                     "",
                 ]
             )

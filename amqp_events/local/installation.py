@@ -91,6 +91,14 @@ class Installation:
         argv += [str(self.root), str(len(inner)), *mounts, program_path, *args]
         return argv, {key: _translated(value, inner) for key, value in environment.items()}
 
+    def seen_as(self, value: str, directories: Sequence[Path]) -> str:
+        """``value`` as the node sees it: a path into one of ``directories`` translated, inside a root."""
+        if self.on_the_machine:
+            return value
+        return _translated(
+            value, {Path(directory).absolute(): f"{MOUNTS}/{index}" for index, directory in enumerate(directories)}
+        )
+
     def _program_on_the_machine(self, program: str) -> str:
         if program.startswith("/"):
             return program
