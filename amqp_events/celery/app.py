@@ -20,7 +20,7 @@ from amqp_events.archive import Archive
 from amqp_events.breakers.breaker import BreakerPolicy
 from amqp_events.breakers.health import Health, HealthCheck
 from amqp_events.celery import control
-from amqp_events.celery.conf import EventsCelery
+from amqp_events.celery.conf import EventsCelery, check_broker_url
 from amqp_events.celery.handlers import EventDecorator, HandlerDecorator
 from amqp_events.celery.partitions import Partitions
 from amqp_events.celery.rabbitmq import RabbitMQ
@@ -370,20 +370,6 @@ class EventsApp(EventsCelery):
     def history(self) -> History:
         """The vhost's event history (``amqp_events_history``): find, count and replay past events."""
         return History(self.context, {name: argument_names(event) for name, event in self.declared_events.items()})
-
-
-#: URL schemes of RabbitMQ for kombu: the library builds on RabbitMQ's quorum queues, dead-lettering and TTLs.
-RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp")
-
-
-def check_broker_url(url: Any) -> None:
-    """Refuse a broker other than RabbitMQ (kombu would fail later, with a message that names nothing of it)."""
-    scheme = str(url or "amqp").partition("://")[0].partition("+")[0].lower()
-    if scheme not in RABBITMQ_SCHEMES:
-        raise ValueError(
-            f"broker_url {scheme}://...: celery-amqp-events runs on RabbitMQ only (amqp:// or amqps://); "
-            "its retries, archive and topology are RabbitMQ queues and exchanges"
-        )
 
 
 def events_app(service: str, **celery_settings: Any) -> EventsApp:

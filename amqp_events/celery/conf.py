@@ -129,3 +129,17 @@ class EventsCelery(Celery):  # type: ignore[misc]
             freeze(conf, *self._frozen)
             conf.refuse_changes(raw_settings(conf))
         return conf
+
+
+#: URL schemes of RabbitMQ for kombu: the library builds on RabbitMQ's quorum queues, dead-lettering and TTLs.
+RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp")
+
+
+def check_broker_url(url: Any) -> None:
+    """Refuse a broker other than RabbitMQ (kombu would fail later, with a message that names nothing of it)."""
+    scheme = str(url or "amqp").partition("://")[0].partition("+")[0].lower()
+    if scheme not in RABBITMQ_SCHEMES:
+        raise ValueError(
+            f"broker_url {scheme}://...: celery-amqp-events runs on RabbitMQ only (amqp:// or amqps://); "
+            "its retries, archive and topology are RabbitMQ queues and exchanges"
+        )
