@@ -73,6 +73,8 @@ MALFORMED = {
     "retries-a-string": {**HEADERS, "retries": "many"},
     "nested-600": {**HEADERS, "deep": nested(600)},
     "id-missing": {"task": "test.ping"},
+    "x-death-an-int": {**HEADERS, "x-death": 5},
+    "x-death-of-strings": {**HEADERS, "x-death": ["rejected"]},
 }
 
 

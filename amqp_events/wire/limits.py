@@ -62,6 +62,22 @@ def _iso_time(value: Any) -> bool:
     return True
 
 
+def _deaths(value: Any) -> bool:
+    """RabbitMQ's ``x-death``: a list of tables, each naming a queue and a reason (a forged one of another shape
+    would also stop RabbitMQ's own dead-lettering of the message, stranding it)."""
+    return value is None or (
+        isinstance(value, list)
+        and all(
+            isinstance(death, dict)
+            and isinstance(death.get("queue", ""), str)
+            and isinstance(death.get("reason", ""), str)
+            and _count(death.get("count"))
+            and isinstance(death.get("routing-keys", []), list)
+            for death in value
+        )
+    )
+
+
 def _strings(value: Any) -> bool:
     return value is None or (isinstance(value, list | tuple) and all(isinstance(item, str) for item in value))
 
@@ -91,6 +107,8 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ignore_result": (lambda v: v is None or isinstance(v, bool), "true or false"),
     "group_index": (_count, "a count"),
     "replaced_task_nesting": (_count, "a count"),
+    "x-death": (_deaths, "RabbitMQ's dead-lettering history (a list of tables)"),
+    "x-delivery-count": (_count, "a count"),
 }
 
 

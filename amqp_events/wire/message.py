@@ -252,7 +252,9 @@ def queue_wait(headers: Mapping[str, Any], now: datetime) -> float | None:
 
 def was_rejected(headers: Mapping[str, Any], queue: str) -> bool:
     """Did ``queue`` dead-letter this message as rejected (it came back to be counted)?"""
-    deaths = headers.get(X_DEATH) or []
+    deaths = headers.get(X_DEATH)
+    if not isinstance(deaths, list):
+        return False
     return any(
         isinstance(death, Mapping) and death.get("queue") == queue and death.get("reason") == "rejected"
         for death in deaths
