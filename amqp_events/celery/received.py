@@ -43,6 +43,7 @@ def install_limits() -> None:
     the deepest headers a frame can hold (they are then refused as malformed, instead of stopping the
     consumer). Once per worker process."""
     bounded = limits.bounded_decoders()
+    # Upstream (kombu 5.5-5.7): decoders are kept by content type in this table; register() replaces both ways.
     for content_type in list(compression._decoders):
         decoder = bounded.get(content_type) or limits.unsupported(content_type)
         compression._decoders[content_type] = decoder
