@@ -144,3 +144,43 @@ def test_each_service_works_with_its_own_grants_and_cannot_reach_into_the_other(
     assert replayed.returncode == 0, replayed.stderr
     wait_for(lambda: [r for r in records.all() if r["tag"] == "doomed" and r["attempt"] == 1][1:] or None, 30,
              what="the replayed event handled again")  # fmt: skip
+
+
+@pytest.fixture
+def ledger_user(rabbitmq, broker_url, cli_process) -> Any:
+    """A user for the ``ledger`` service (ordered handlers, history kept) from `topology permissions`."""
+    if rabbitmq.node is None:
+        pytest.skip("creating users needs the harness's own node (rabbitmqctl)")
+    user, password = f"ledger-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rabbitmq.node.rabbitmqctl("add_user", user, password)
+    admin = {"HISTORY": "1"}
+    assert cli_process("topology", "declare", app="services.ledger", env=admin).returncode == 0
+    printed = cli_process("topology", "permissions", "--user", user, app="services.ledger", env=admin)
+    for line in printed.stdout.splitlines():
+        if line.startswith("rabbitmqctl "):
+            rabbitmq.node.rabbitmqctl(*shlex.split(line)[1:])
+    yield user_url(broker_url, user, password)
+    rabbitmq.node.rabbitmqctl("delete_user", user)
+
+
+def test_ordered_handlers_and_the_history_work_with_the_service_s_own_grants(
+    ledger_user, start_worker, records, cli_process
+):
+    env = {"RECORD_FILE": str(records.path), "PYTHONPATH": str(TESTS), "HISTORY": "1", "BROKER_URL": ledger_user,
+           **CHECK}  # fmt: skip
+    start_worker("services.ledger", env=env, cwd=TESTS)
+    fires = events_app("ledger", broker_url=ledger_user, amqp_events_shared_topology="check")
+    try:
+        fires.fire("accounts.account.opened", [], {"account": "a", "seq": 1, "how": {"fail_times": 1}}, key="a")
+        fires.fire("accounts.money.moved", [], {"account": "a", "seq": 2}, key="a")
+    finally:
+        fires.close()
+    runs = wait_for(lambda: [r for r in records.all() if r.get("ok")][1:] and records.all(), 60,
+                    what="both events of account a handled")  # fmt: skip
+    assert [(r["seq"], r["ok"]) for r in runs] == [(1, False), (1, True), (2, True)]  # in order, through a retry
+    cli = {"BROKER_URL": ledger_user, "HISTORY": "1", **CHECK}
+    stats = cli_process("history", "stats", app="services.ledger", env=cli)
+    assert stats.returncode == 0 and "accounts.account.opened" in stats.stdout, stats.stderr
+    replayed = cli_process("history", "replay", "--since", "1h", "--yes", app="services.ledger", env=cli)
+    assert replayed.returncode == 0, replayed.stderr
+    wait_for(lambda: len([r for r in records.all() if r.get("ok")]) >= 4 or None, 60, what="the replay handled")
