@@ -10,7 +10,6 @@ from typing import Any
 
 from celery.app.control import Control
 from celery.worker.control import Panel, control_command
-from kombu.utils.functional import lazy
 
 from amqp_events.celery.steps import breakers_of
 from amqp_events.errors import SteeringError
@@ -107,21 +106,12 @@ def control_of(app: Any, service: str) -> Any:
 
 
 class ServiceControl(Control):  # type: ignore[misc]
-    """Upstream: ``Control`` names its mailbox after ``app.conf.control_exchange``; this one, another service's."""
+    """Upstream: ``Control`` names its mailbox after ``app.conf.control_exchange`` (and which options it passes
+    differs between Celery 5.5 and 5.6); this one is the same mailbox, renamed for another service's workers."""
 
     def __init__(self, app: Any, service: str) -> None:
         super().__init__(app)
-        conf = app.conf
-        self.mailbox = self.Mailbox(
-            control_namespace(service),
-            type="fanout",
-            accept=conf.accept_content,
-            serializer=conf.task_serializer,
-            producer_pool=lazy(lambda: app.amqp.producer_pool),
-            queue_ttl=conf.control_queue_ttl,
-            reply_queue_ttl=conf.control_queue_ttl,
-            queue_expires=conf.control_queue_expires,
-            queue_exclusive=conf.control_queue_exclusive,
-            queue_durable=conf.control_queue_durable,
-            reply_queue_expires=conf.control_queue_expires,
-        )
+        mailbox = self.mailbox
+        mailbox.namespace = control_namespace(service)
+        mailbox.exchange = mailbox._get_exchange(mailbox.namespace, mailbox.type)
+        mailbox.reply_exchange = mailbox._get_reply_exchange(mailbox.namespace)
