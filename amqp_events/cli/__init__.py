@@ -35,8 +35,6 @@ from amqp_events.cli.topology import topology
 @click.pass_context
 def main(ctx: click.Context, app_name: str | None, broker: str | None, management_url: str | None) -> None:
     """Operate celery-amqp-events services: topology, archive, firing events, a local broker."""
-    # Output piped into `head` ends quietly, as any command line tool's does.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # As with `celery -A`, the app's module is found from the current directory.
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -46,3 +44,10 @@ def main(ctx: click.Context, app_name: str | None, broker: str | None, managemen
 
 for command in (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, asyncapi, console):
     main.add_command(command)
+
+
+def run() -> None:
+    """The ``amqp-events`` command: output piped into ``head`` ends quietly, as any command line tool's does
+    (only in the command's own process: not when ``main`` is invoked inside another program, such as a test)."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    main()

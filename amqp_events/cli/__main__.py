@@ -1,5 +1,5 @@
 """``python -m amqp_events.cli``: the same as the ``amqp-events`` command."""
 
-from amqp_events.cli import main
+from amqp_events.cli import run
 
-main()
+run()
