@@ -131,8 +131,9 @@ class EventsCelery(Celery):  # type: ignore[misc]
         return conf
 
 
-#: URL schemes of RabbitMQ for kombu: the library builds on RabbitMQ's quorum queues, dead-lettering and TTLs.
-RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp")
+#: URL schemes of RabbitMQ for kombu: the library builds on RabbitMQ's quorum queues, dead-lettering and TTLs
+#: (and kombu's in-memory transport, for an app in a test that never connects).
+RABBITMQ_SCHEMES = ("amqp", "amqps", "pyamqp", "memory")
 
 
 def check_broker_url(url: Any) -> None:
