@@ -26,6 +26,8 @@ def free_ports(count: int) -> list[int]:
     They are chosen outside the kernel's ephemeral range: a port from that range
     can be handed to any process's outgoing connection between the moment it is
     chosen and the moment the node binds it, and the node would then fail to start.
+    And free on every address (the wildcard), not only on 127.0.0.1: a cluster's nodes listen on addresses of
+    their own (127.x.y.z), and a server bound to 0.0.0.0 needs the port free on all of them.
     """
     low, high = ephemeral_range()
     candidates = [port for port in range(10000, 65536) if not low <= port <= high]
@@ -34,7 +36,7 @@ def free_ports(count: int) -> list[int]:
         for port in random.sample(candidates, len(candidates)):
             sock = held.enter_context(socket.socket())
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind(("", port))
             except OSError:
                 continue
             chosen.append(port)
