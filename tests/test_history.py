@@ -122,10 +122,15 @@ def test_an_interrupted_replay_goes_on_where_it_stopped_after_a_broker_restart(
     monkeypatch.setenv("DATABASE_URL", postgres_url)  # read when the service's module is imported
     replay = replay_command(broker_url, postgres_url, "--since", since, "--rate", "400", "--yes")
     try:
-        wait_for(lambda: queued(producer, "catchup.history.cursor") >= 1, 60, what="a first checkpoint")
+        wait_for(
+            lambda: queued(producer, "catchup.history.cursor") >= 1 or replay.poll() is not None,
+            120,
+            what="a first checkpoint",
+        )
     finally:
         replay.send_signal(signal.SIGKILL)
-        replay.wait(10)
+        out, err = replay.communicate(timeout=10)
+    assert replay.returncode == -signal.SIGKILL, err  # killed mid-replay, not ended on its own
     exporter = Exporter(service_app("catchup"), rabbitmq.management)
     exporter.collect_once()
     [position] = {family.name: family for family in exporter.collect()}[

@@ -115,6 +115,25 @@ def test_an_expired_message_is_archived_not_dropped(worker, producer, broker_url
     still_serving(process, producer, records)
 
 
+@pytest.mark.parametrize("expiration", ["0", "50"])
+def test_an_amqp_expiration_passed_in_the_queue_lands_in_the_archive_and_replays(
+    worker, producer, broker_url, records, archive_of, service_app, expiration
+):
+    """Dead-lettered straight back to its queue, RabbitMQ would drop it as a cycle (or strand it in the queue's
+    dead-letter buffer); the service's dead-letter exchange sends it to the archive instead."""
+    service_app("orders").declare_topology()  # no worker yet: nothing takes it before it expires
+    put(broker_url, HEADERS, expiration=expiration)
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert (archived.reason, archived.id, archived.service) == (Reason.EXPIRED, "hostile-1", "orders")
+    assert archived.queue == "orders:test.ping" and archived.archived_at is not None
+    assert producer.transport.count("orders:test.ping") == 0
+    process = worker("orders")
+    assert archive_of("orders").replay().replayed == ["hostile-1"]
+    [ran] = records.wait(1)
+    assert ran["tag"] == "hostile"
+    still_serving(process, producer, records)
+
+
 def test_an_eta_in_the_future_waits_on_the_broker_not_in_the_worker(worker, producer, broker_url, records):
     process = worker("orders")
     put(broker_url, {**HEADERS, "eta": future(seconds=3)})

@@ -31,15 +31,29 @@ def test_one_quorum_queue_per_handled_event_bound_to_the_events_exchange():
     assert queue.queue_arguments["x-queue-type"] == "quorum"
 
 
-def test_rejected_messages_dead_letter_back_to_their_own_queue_without_delay():
-    queue = topology().queue("orders:billing.invoice.paid")
+def test_consumed_queues_dead_letter_through_their_service_s_dead_letter_exchange():
+    """Rejected: back to the queue by name (the alternate exchange, the service's direct one). Expired in the
+    queue: to the archive (only a first death there: a delayed fire expired on the ladder before)."""
+    found = topology()
+    queue = found.queue("orders:billing.invoice.paid")
     arguments = queue.queue_arguments
-    assert arguments["x-dead-letter-exchange"] == delays.DELIVERY_EXCHANGE
-    assert delays.decode_routing_key(arguments["x-dead-letter-routing-key"]) == (
-        0,
-        "queue.orders:billing.invoice.paid",
+    assert (arguments["x-dead-letter-exchange"], arguments["x-dead-letter-routing-key"]) == (
+        "orders.dead-letter",
+        "orders:billing.invoice.paid",
     )
     assert arguments["x-dead-letter-strategy"] == "at-least-once"
+    [exchange] = [exchange for exchange in found.exchanges if exchange.name == "orders.dead-letter"]
+    assert (exchange.type, exchange.arguments) == ("headers", {"alternate-exchange": "orders.direct"})
+    expired = {
+        link.arguments["x-first-death-queue"]: (link.destination.name, link.arguments)
+        for link in found.bindings
+        if link.source.name == "orders.dead-letter"
+    }
+    assert set(expired) == {queue.name for queue in found.event_queues}
+    assert expired[queue.name] == (
+        "orders.archive",
+        {"x-match": "all-with-x", "x-first-death-queue": queue.name, "x-first-death-reason": "expired"},
+    )
 
 
 def test_event_queues_receive_delayed_fires_of_their_event_and_messages_sent_to_them_alone():

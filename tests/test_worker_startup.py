@@ -10,7 +10,7 @@ from amqp_events.settings import Settings
 from amqp_events.testing import wait_for
 from amqp_events.topology import service_topology
 from amqp_events.topology.declare import declare_topology
-from amqp_events.topology.layout import KEPT_AS_THEY_ARE
+from amqp_events.topology.layout import KEPT_AS_THEY_ARE, earlier_dead_lettering
 
 
 def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):
@@ -59,10 +59,12 @@ def test_topology_mismatch_names_queue_argument_values_and_fix(broker_url):
     changed.close()
 
 
-def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker, broker_url, cli):
-    """0.2 declared quorum queues without replica placement and delivery limit: upgrading must not stop workers."""
+def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker, broker_url, cli, records):
+    """0.2 declared quorum queues without replica placement and delivery limit, dead-lettering through the delivery
+    exchange: upgrading must not stop workers."""
     [queue] = service_topology("orders", ["test.ping"], Settings()).event_queues
     earlier = {key: value for key, value in queue.queue_arguments.items() if key not in KEPT_AS_THEY_ARE}
+    earlier.update(earlier_dead_lettering(queue.name))
     with Connection(broker_url) as connection:
         connection.default_channel.queue_declare(queue.name, durable=True, auto_delete=False, arguments=earlier)
     process = worker("orders")
@@ -71,8 +73,13 @@ def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker,
     assert checked.exit_code == 0, checked.output
     assert (
         "note queue 'orders:test.ping': created without x-quorum-initial-group-size, x-queue-leader-locator, "
-        "x-delivery-limit: kept as it is" in checked.output
+        "x-delivery-limit; created with x-dead-letter-exchange='amqp_events.delivery'" in checked.output
     )
+    producer = events_app("billing", broker_url=broker_url)
+    producer.fire("test.ping", ["after the upgrade"], {})
+    [ran] = records.wait(1)
+    assert ran["tag"] == "after the upgrade"
+    producer.close()
 
 
 def test_the_eventlet_pool_is_refused_with_a_message_that_names_gevent(worker):

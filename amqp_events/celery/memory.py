@@ -315,8 +315,14 @@ class MemoryBroker:
 
 
 def _all_match(binding: dict[str, Any], headers: dict[str, Any]) -> bool:
-    """Does a headers exchange's ``x-match: all`` binding match these headers?"""
-    return all(headers.get(name) == value for name, value in binding.items() if not name.startswith("x-"))
+    """Does a headers exchange's ``x-match: all`` binding match these headers (``all-with-x``: the ``x-``
+    headers too)?"""
+    with_x = binding.get("x-match") == "all-with-x"
+    return all(
+        headers.get(name) == value
+        for name, value in binding.items()
+        if name != "x-match" and (with_x or not name.startswith("x-"))
+    )
 
 
 def _key(envelope: Envelope) -> Any:

@@ -12,7 +12,13 @@ from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 from kombu import Connection, Queue
 
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing
-from amqp_events.topology.layout import DELIVERY_LIMIT, KEPT_AS_THEY_ARE, NO_DELIVERY_LIMIT, Topology
+from amqp_events.topology.layout import (
+    DELIVERY_LIMIT,
+    KEPT_AS_THEY_ARE,
+    NO_DELIVERY_LIMIT,
+    Topology,
+    earlier_dead_lettering,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -158,9 +164,13 @@ def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: dic
             return channel
         except PreconditionFailed as error:
             found = mismatch(error)
-            if found.kind != "queue" or found.argument not in KEPT_AS_THEY_ARE or found.argument not in arguments:
+            earlier = earlier_dead_lettering(queue.name)
+            if found.argument in earlier and arguments.get(found.argument) != earlier[found.argument]:
+                arguments.update(earlier)  # a queue of 0.2: it dead-letters as it did
+            elif found.kind != "queue" or found.argument not in KEPT_AS_THEY_ARE or found.argument not in arguments:
                 raise found from None
-            del arguments[found.argument]
+            else:
+                del arguments[found.argument]
             kept.setdefault(queue.name, []).append(found.argument)
             channel = connection.channel()
 

@@ -7,8 +7,9 @@ layout (docs/reference/topology.md) for a service ``orders`` handling ``E`` even
 * ``orders:<event>`` (quorum queue, one per handled event): bound to
   ``events`` with the event name, and to the delivery exchange for delayed
   fires of that event and for messages sent to this queue alone (retries,
-  replays). Rejected messages dead-letter back to it through the delivery
-  exchange so that the worker can count them.
+  replays). Rejected messages dead-letter back to it through
+  ``orders.dead-letter`` so that the worker can count them; expired ones go to
+  the archive (:func:`dead_letter_routes`).
 * ``orders.ordered`` (headers exchange, on the ``event_slot`` header), its
   partitions ``orders.ordered.00``... and ``orders.ordered.intake`` for events
   without a slot (quorum queues, one active consumer each), and a parked queue
@@ -34,10 +35,14 @@ from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.names import (
     archive_queue_name,
+    dead_letter_exchange_name,
+    direct_exchange_name,
     event_queue_name,
     owner_of,
 )
 
+#: How a queue dead-letters (its dead-letter exchange and routing key).
+DEAD_LETTERING = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
 #: Arguments that only place a quorum queue's replicas (RabbitMQ reads them when it creates the queue).
 PLACEMENT = ("x-quorum-initial-group-size", "x-queue-leader-locator")
 #: RabbitMQ's bound on how often a quorum queue gives a message out without an outcome; past it the message is
@@ -51,7 +56,7 @@ NO_DELIVERY_LIMIT = 2**31 - 1
 RETENTION = ("x-max-age", "x-max-length-bytes", "x-stream-max-segment-size-bytes")
 #: Arguments an existing queue may lack (created by an earlier version, or by hand) or have otherwise: it is kept
 #: as it is (see :func:`amqp_events.topology.declare.declare_topology`), and ``topology check`` notes it.
-KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT, *RETENTION)
+KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT, *RETENTION, *DEAD_LETTERING)
 #: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
 SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
@@ -224,14 +229,54 @@ def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, li
 
 
 def consumed_queue_arguments(name: str, settings: Settings) -> dict[str, object]:
-    """The arguments of a queue the service's workers consume: replicated, dead-lettering safely to itself."""
+    """The arguments of a queue the service's workers consume: replicated, dead-lettering safely through the
+    service's dead-letter exchange (:func:`dead_letter_routes`)."""
+    owner = owner_of(name)
+    assert owner is not None, name  # a consumed queue's name starts with its service's
     return {
         **quorum(settings),
         **SAFE_DEAD_LETTERING,
-        # A rejected message comes straight back here, with an x-death entry the worker counts.
+        "x-dead-letter-exchange": dead_letter_exchange_name(owner),
+        "x-dead-letter-routing-key": name,
+    }
+
+
+def earlier_dead_lettering(name: str) -> dict[str, object]:
+    """How a consumed queue created by 0.2 dead-letters: straight back through the delivery exchange. Such a
+    queue is kept as it is (RabbitMQ never changes a queue's arguments); a message that expires in it stays in
+    its dead-letter buffer until it is deleted and declared again."""
+    return {
         "x-dead-letter-exchange": delays.DELIVERY_EXCHANGE,
         "x-dead-letter-routing-key": delays.routing_key(0, delays.queue_destination(name)),
     }
+
+
+def dead_letter_routes(service: str, consumed: list[Queue], archive: Queue) -> tuple[Exchange, list[Binding]]:
+    """The service's dead-letter exchange and its bindings.
+
+    A rejected message (its worker was lost) goes back to its queue by name through the alternate exchange
+    (the service's direct one), with an ``x-death`` entry the worker counts. A message that expired in the
+    queue (an AMQP ``expiration`` its publisher set) goes to the archive: RabbitMQ drops, or with at-least-once
+    dead-lettering strands, a message that expires back into the queue it expired from. Only its first death
+    tells (``x-first-death-*``): a delayed fire expired on the ladder before it reached the queue.
+    """
+    exchange = Exchange(
+        dead_letter_exchange_name(service),
+        "headers",
+        durable=True,
+        auto_delete=False,
+        arguments={"alternate-exchange": direct_exchange_name(service)},
+    )
+    expired = [
+        Binding(
+            exchange,
+            archive,
+            queue.name,
+            {"x-match": "all-with-x", "x-first-death-queue": queue.name, "x-first-death-reason": "expired"},
+        )
+        for queue in consumed
+    ]
+    return exchange, expired
 
 
 def delivery_bindings(queue: Queue, event: str | None, settings: Settings) -> list[Binding]:

@@ -42,6 +42,12 @@ def direct_exchange_name(service: str) -> str:
     return f"{check_service_name(service)}.direct"
 
 
+def dead_letter_exchange_name(service: str) -> str:
+    """Where ``service``'s consumed queues dead-letter: a rejected message goes back to its queue, an expired
+    one to the archive (back to its queue, it would be dropped as a dead-letter cycle)."""
+    return f"{check_service_name(service)}.dead-letter"
+
+
 def is_direct_exchange(name: str) -> bool:
     """Is ``name`` a service's direct exchange (which workers declare, never producers)?"""
     service, dot, rest = name.partition(".")

@@ -3,8 +3,8 @@
 A service owns every exchange and queue whose name starts with its name and a dot or a colon (its event
 queues, archive, direct and ordered exchanges, partitions, history cursor) and its workers' remote control
 (``<worker>.<service>.control.pidbox``). On those it may configure, write and read. Of what the vhost's
-services share, it writes to the events exchange (firing), the delay ladder's entry (delays and retries), the
-delivery exchange (its queues dead-letter there) and the heartbeats exchange; it reads (binds from) the
+services share, it writes to the events exchange (firing), the delay ladder's entry (delays and retries) and the
+heartbeats exchange; it reads (binds from) the
 events, delivery and heartbeats exchanges, and the history stream when it keeps history. It never configures
 them: an administrator declares them, and the service only checks them (``amqp_events_shared_topology =
 "check"``). Topic permissions keep its delayed copies and its queues' delivery bindings to its own queues
@@ -60,7 +60,7 @@ def service_grants(service: str, settings: Settings) -> Grants:
     destinations = rf"(queue\.{name}[.:]|event\.).+"
     return Grants(
         configure=_one_of(*own),
-        write=_one_of(*own, events, delivery, entry, heartbeats),
+        write=_one_of(*own, events, entry, heartbeats),
         read=_one_of(*own, events, delivery, heartbeats, *history),
         topics=(
             (delays.ENTRY_EXCHANGE, f"^{bits}{destinations}$", "^$"),

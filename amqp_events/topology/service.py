@@ -12,6 +12,7 @@ from amqp_events.topology.layout import (
     Binding,
     Topology,
     archive_queue,
+    dead_letter_routes,
     delay_ladder,
     event_queue,
     events_exchange,
@@ -45,9 +46,11 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
     # Each of its queues by its name on its own direct exchange: how its copies reach one queue alone.
     direct = Exchange(direct_exchange_name(service), "direct", durable=True, auto_delete=False)
     bindings.extend(Binding(direct, queue, queue.name) for queue in queues if owner_of(queue.name) == service)
+    dead_letter, expired = dead_letter_routes(service, event_queues, archive)
+    bindings.extend(expired)
     return Topology(
         service=check_service_name(service),
-        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(settings), direct),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(settings), direct, dead_letter),
         queues=tuple(queues),
         bindings=tuple(bindings),
         event_queues=tuple(event_queues),

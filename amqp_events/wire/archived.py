@@ -19,7 +19,7 @@ from typing import Any
 from kombu.utils.json import loads as json_loads
 
 from amqp_events.clock import SYSTEM_CLOCK
-from amqp_events.topology.names import archive_queue_name, event_queue_name, to_queue
+from amqp_events.topology.names import archive_queue_name, event_queue_name, owner_of, to_queue
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import (
     ARCHIVE_ATTEMPTS,
@@ -38,6 +38,7 @@ from amqp_events.wire.message import (
     ARCHIVE_TRACEBACK,
     ARCHIVED_AT,
     OutgoingMessage,
+    Reason,
     event_id,
     is_task_body,
     isoformat,
@@ -179,26 +180,27 @@ class ArchivedMessage:
     def from_parts(
         cls, headers: dict[str, Any], body: bytes, content_type: str | None, content_encoding: str | None
     ) -> ArchivedMessage:
-        service = str(headers.get(ARCHIVE_SERVICE) or "")
+        read = {**_dead_lettered(headers), **headers}
+        service = str(read.get(ARCHIVE_SERVICE) or "")
         cloud_event = cloud_events.attributes_of(headers, body, content_type)
         event = str(headers.get("task") or cloud_event.get("type") or "")
         return cls(
             id=str(headers.get("id") or cloud_event.get("id") or ""),
             event=event,
             service=service,
-            handler=str(headers.get(ARCHIVE_HANDLER) or ""),
-            reason=str(headers.get(ARCHIVE_REASON) or "unknown"),
-            exception_type=str(headers.get(ARCHIVE_EXCEPTION_TYPE) or ""),
-            exception_message=str(headers.get(ARCHIVE_EXCEPTION_MESSAGE) or ""),
-            traceback=str(headers.get(ARCHIVE_TRACEBACK) or ""),
-            attempts=_count(headers.get(ARCHIVE_ATTEMPTS)),
-            section=str(headers.get(ARCHIVE_SECTION) or ""),
-            first_failure_at=parse_time(headers.get(ARCHIVE_FIRST_FAILURE_AT)),
-            last_failure_at=parse_time(headers.get(ARCHIVE_LAST_FAILURE_AT)),
-            archived_at=parse_time(headers.get(ARCHIVED_AT)),
-            queue=str(headers.get(ARCHIVE_QUEUE) or _default_queue(service, event)),
-            exchange=str(headers.get(ARCHIVE_EXCHANGE) or ""),
-            routing_key=str(headers.get(ARCHIVE_ROUTING_KEY) or ""),
+            handler=str(read.get(ARCHIVE_HANDLER) or ""),
+            reason=str(read.get(ARCHIVE_REASON) or "unknown"),
+            exception_type=str(read.get(ARCHIVE_EXCEPTION_TYPE) or ""),
+            exception_message=str(read.get(ARCHIVE_EXCEPTION_MESSAGE) or ""),
+            traceback=str(read.get(ARCHIVE_TRACEBACK) or ""),
+            attempts=_count(read.get(ARCHIVE_ATTEMPTS)),
+            section=str(read.get(ARCHIVE_SECTION) or ""),
+            first_failure_at=parse_time(read.get(ARCHIVE_FIRST_FAILURE_AT)),
+            last_failure_at=parse_time(read.get(ARCHIVE_LAST_FAILURE_AT)),
+            archived_at=parse_time(read.get(ARCHIVED_AT)),
+            queue=str(read.get(ARCHIVE_QUEUE) or _default_queue(service, event)),
+            exchange=str(read.get(ARCHIVE_EXCHANGE) or ""),
+            routing_key=str(read.get(ARCHIVE_ROUTING_KEY) or ""),
             headers=headers,
             body=body,
             content_type=content_type,
@@ -265,6 +267,22 @@ class ArchivedMessage:
         raw = data["body"]
         body = base64.b64decode(raw) if data.get("body_encoding") == "base64" else raw.encode("utf-8")
         return cls.from_parts(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
+
+
+def _dead_lettered(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The archive headers of a message the broker itself put in the archive: one whose AMQP ``expiration``
+    passed in its queue (:func:`amqp_events.topology.layout.dead_letter_routes`); none for any other."""
+    queue, deaths = headers.get("x-first-death-queue"), headers.get("x-death")
+    if headers.get(ARCHIVE_REASON) or headers.get("x-first-death-reason") != "expired" or not isinstance(queue, str):
+        return {}
+    death = deaths[0] if isinstance(deaths, list) and deaths and isinstance(deaths[0], Mapping) else {}
+    return {
+        ARCHIVE_REASON: Reason.EXPIRED.value,
+        ARCHIVE_SERVICE: owner_of(queue) or "",
+        ARCHIVE_QUEUE: queue,
+        ARCHIVE_EXCEPTION_MESSAGE: "its AMQP expiration passed while it waited in its queue",
+        ARCHIVED_AT: death.get("time"),
+    }
 
 
 def _count(value: Any) -> int:

@@ -326,7 +326,8 @@ class Reason(str, Enum):
     MALFORMED_HEADERS = "malformed_headers"
     #: A body that inflates past what a worker reads (:data:`~amqp_events.wire.limits.MAX_BODY`).
     TOO_LARGE = "too_large"
-    #: Its ``expires`` header had passed when it arrived (Celery's expiry, honoured by archiving it unrun).
+    #: Its ``expires`` header had passed when it arrived (Celery's expiry, honoured by archiving it unrun), or its
+    #: AMQP ``expiration`` passed while it waited in its queue (the broker dead-lettered it to the archive).
     EXPIRED = "expired"
 
     def __str__(self) -> str:
