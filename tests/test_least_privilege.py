@@ -12,10 +12,14 @@ from typing import Any
 import pytest
 from amqp.exceptions import AccessRefused, NotFound
 from conftest import TESTS, wait_archived
+from console_helpers import Console
+from test_console import call
 from kombu import Connection, Exchange, Queue
 
 from amqp_events import events_app
+from amqp_events.errors import PermissionRefused
 from amqp_events.celery.control import ServiceControl
+from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 from amqp_events.topology import delays
 
@@ -55,7 +59,7 @@ def refused(action: Any) -> bool:
     """Did the broker refuse ``action`` (403, or 404 for what the user may not even see)?"""
     try:
         action()
-    except (AccessRefused, NotFound):
+    except (AccessRefused, NotFound, PermissionRefused):
         return True
     return False
 
@@ -104,8 +108,22 @@ def attempts(url: str) -> dict[str, Any]:
     }
 
 
+def seen_by_console(url: str, rabbitmq: Any, archived: str) -> None:
+    """The console of ``orders`` on its own user: its archive listed, another service's refused clearly."""
+    env = {"PYTHONPATH": str(TESTS), "BROKER_URL": url, **CHECK}
+    console = Console(url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}", env=env, app="services.orders")
+    try:
+        console.wait_serving(console.url + "/api/services")
+        status, listing = call(console.url + "/api/services/orders/archive")
+        assert status == 200 and [entry["id"] for entry in listing["messages"]] == [archived], listing
+        status, answer = call(console.url + "/api/services/shipping/archive")
+        assert status == 403 and "may not read 'shipping.archive'" in answer["error"], answer
+    finally:
+        console.stop()
+
+
 def test_each_service_works_with_its_own_grants_and_cannot_reach_into_the_other(
-    users, start_worker, records, cli_process, archive_of
+    users, start_worker, records, cli_process, archive_of, rabbitmq
 ):
     env = {"RECORD_FILE": str(records.path), "PYTHONPATH": str(TESTS), "MAX_RETRIES": "1", **CHECK}
     orders = start_worker("services.orders", env={**env, "BROKER_URL": users["orders"]}, cwd=TESTS)
@@ -114,7 +132,7 @@ def test_each_service_works_with_its_own_grants_and_cannot_reach_into_the_other(
     try:
         fires.fire("test.ping", ["both"], {})
         fires.fire("test.ping", ["retried"], {"how": {"fail_times": 1, "only": "orders"}})
-        fires.fire("test.ping", ["doomed"], {"how": {"permanent": True, "only": "orders"}})
+        fires.fire("test.ping", ["doomed"], {"how": {"permanent": True}})
         wait_for(lambda: {(r["service"], r["tag"], r["attempt"]) for r in records.all()} >= {
             ("orders", "both", 1), ("shipping", "both", 1), ("orders", "retried", 2), ("orders", "doomed", 1)
         } or None, 60, what="both services handling, orders' retry back through the ladder")  # fmt: skip
@@ -133,8 +151,9 @@ def test_each_service_works_with_its_own_grants_and_cannot_reach_into_the_other(
     finally:
         steering.close()
 
-    # Orders still works, with its own user's CLI too: breakers, replay.
+    # Orders still works, with its own user's console and CLI too: the archive, breakers, replay.
     assert orders.is_running()
+    seen_by_console(users["orders"], rabbitmq, archived.id)
     cli = {"BROKER_URL": users["orders"], **CHECK}
     paused = cli_process("breakers", "open", "on_ping", "--wait", "10", env=cli)
     assert paused.returncode == 0 and "on_ping" in paused.stdout, paused.stderr

@@ -10,13 +10,14 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from amqp.exceptions import AccessRefused
 from celery import Celery
 from kombu.exceptions import OperationalError
 
 from amqp_events.celery import streams
 from amqp_events.celery.publisher import ConfirmedBatchPublisher, Publisher
 from amqp_events.core.transport import Browsed, StoredMessage, StreamReading
-from amqp_events.errors import PublishError
+from amqp_events.errors import PermissionRefused, PublishError
 from amqp_events.topology import Topology
 from amqp_events.topology.declare import declare_topology
 from amqp_events.wire.message import OutgoingMessage
@@ -57,6 +58,8 @@ class RabbitMQ:
             removed: list[int] = []
             try:
                 yield _take_all(connection, channel, queue, waiting, removed)
+            except AccessRefused as refused:  # reading it needs the read grant, counting it does not
+                raise PermissionRefused(f"{refused.reply_text}: this user may not read {queue!r}") from None
             finally:
                 channel.close()
             _wait_until_back(connection, queue, waiting - len(removed))

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response
 from amqp_events.console import api, pages
 from amqp_events.console.fleet import Fleet
 from amqp_events.console.security import Access, LoginThrottle, Who, csrf_matches, csrf_token, is_loopback
-from amqp_events.errors import ManagementError, UnknownService
+from amqp_events.errors import ManagementError, PermissionRefused, UnknownService
 
 logger = logging.getLogger(__name__)
 CSRF_COOKIE, CSRF_HEADER = "csrf", "x-csrf-token"
@@ -53,6 +53,7 @@ def console_app(fleet: Fleet, access: Access, hosts: list[str] | None = None) ->
         exception_handlers={
             HTTPException: http_error,
             UnknownService: not_found,
+            PermissionRefused: forbidden,
             ManagementError: unavailable,
             **dict.fromkeys(fleet.app.context.transport.errors, unavailable),
             Exception: server_error,
@@ -113,6 +114,11 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 async def not_found(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc)}, status_code=404)
+
+
+async def forbidden(request: Request, exc: Exception) -> Response:
+    """The console's broker user may not do it (another service's archive, under a service's own user)."""
+    return JSONResponse({"error": str(exc)}, status_code=403)
 
 
 async def unavailable(request: Request, exc: Exception) -> Response:
