@@ -13,12 +13,12 @@ import pytest
 from amqp.exceptions import AccessRefused, NotFound
 from conftest import TESTS, wait_archived
 from console_helpers import Console
-from test_console import call
 from kombu import Connection, Exchange, Queue
+from test_console import call
 
 from amqp_events import events_app
-from amqp_events.errors import PermissionRefused
 from amqp_events.celery.control import ServiceControl
+from amqp_events.errors import PermissionRefused
 from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 from amqp_events.topology import delays
