@@ -20,7 +20,7 @@ from amqp_events import Reason, events_app
 from amqp_events.asyncapi.document import document
 from amqp_events.asyncapi.schemas import payload_schema
 from amqp_events.celery.received import read_in_place
-from amqp_events.core.events import keyword_arguments
+from amqp_events.core.arguments import by_name
 from amqp_events.errors import Refused as Unreadable
 from amqp_events.middleware.cloud_events import CloudEventsReader
 from amqp_events.wire.cloud_events import CLOUDEVENT, attributes_of, is_cloud_event, read
@@ -167,13 +167,12 @@ def test_an_app_fires_binary_mode_that_the_sdk_reads():
         app.fire("billing.invoice.paid", [42, "10.00"])
 
 
-def test_positional_arguments_travel_by_name_in_a_cloud_event():
+def test_positional_arguments_travel_by_name():
     def invoice_paid(invoice_id: int, amount: str = "0", *rest: int, **extra: str) -> None:
         pass
 
-    assert keyword_arguments(invoice_paid, (42,), {"note": "x"}) == {"invoice_id": 42, "note": "x"}
-    with pytest.raises(TypeError, match="no names"):
-        keyword_arguments(invoice_paid, (42, "1", 3), {})
+    assert by_name(invoice_paid, (42,), {"note": "x"}) == {"invoice_id": 42, "note": "x"}
+    assert by_name(invoice_paid, (42, "1", 3), {}) is None  # *rest's values have no names
 
 
 @dataclasses.dataclass

@@ -52,19 +52,21 @@ def test_firing_runs_every_subscriber_before_it_returns(billing, shipping):
         with pytest.raises(ValueError, match="amount required"):
             invoice_paid(43, "")
         [fired] = events.fired
-        assert (fired.name, fired.id, fired.args, fired.fired_by, fired.delay) == (
+        assert (fired.name, fired.id, fired.args, fired.kwargs, fired.fired_by, fired.delay) == (
             "billing.invoice.paid",
             event_id,
-            (42, "10.00"),
+            (),
+            {"invoice_id": 42, "amount": "10.00"},  # by name
             "billing",
             0,
         )
         [run] = events.handled("shipping")
-        assert (run.handler, run.event_id, run.attempt, run.args) == (
+        assert (run.handler, run.event_id, run.attempt, run.args, run.kwargs) == (
             "test_in_process.test_firing_runs_every_subscriber_before_it_returns.<locals>.book_courier",
             event_id,
             1,
-            (42, "10.00"),
+            (),
+            {"invoice_id": 42, "amount": "10.00"},
         )
 
 

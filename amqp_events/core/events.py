@@ -9,6 +9,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar
 
+from amqp_events.core.arguments import by_name, check_arguments
+
 P = ParamSpec("P")
 C = TypeVar("C", bound=type)
 
@@ -45,8 +47,10 @@ class Event(Generic[P]):
     Calling it runs the function with the same arguments (an exception
     propagates and nothing is published), then publishes the event and
     returns its id once the broker confirmed it. It keeps the function's
-    name, docstring and signature. Fired as a CloudEvent, positional
-    arguments travel under their parameters' names. With a ``key`` (an
+    name, docstring and signature. Arguments travel by their parameters'
+    names (a handler may list them in any order), checked against the
+    function's plain annotations and for JSON first
+    (:mod:`amqp_events.core.arguments`). With a ``key`` (an
     argument's name, or a callable given the same arguments), each fire
     carries that argument's value as the event's key.
     """
@@ -103,8 +107,16 @@ class Event(Generic[P]):
         kwargs = kwargs or {}
         self.validate(*args, **kwargs)
         key = self.key_of(args, kwargs)
-        if args and self.app.wire_format(self.wire_format) == "cloudevents":
-            args, kwargs = (), keyword_arguments(self.validate, args, kwargs)
+        named = by_name(self.validate, args, kwargs)
+        if named is None:  # values of *args: they have no names, and travel by position
+            if self.app.wire_format(self.wire_format) == "cloudevents":
+                raise TypeError(f"event {self.name!r}: *args have no names; a CloudEvent's data is an object")
+            check_arguments(self.name, self.validate, kwargs)
+            named = kwargs
+        else:
+            check_arguments(self.name, self.validate, named)
+            args = ()
+        kwargs = named
         return self.app.fire(
             self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format, key=key
         )
@@ -121,21 +133,6 @@ class Event(Generic[P]):
 
     def __repr__(self) -> str:
         return f"<Event {self.name!r} of service {self.app.service!r}>"
-
-
-def keyword_arguments(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``args`` and ``kwargs`` of a call of ``function``, all by name (a CloudEvent's data is an object)."""
-    signature = inspect.signature(function)
-    named: dict[str, Any] = {}
-    for parameter, value in signature.bind(*args, **kwargs).arguments.items():
-        kind = signature.parameters[parameter].kind
-        if kind is inspect.Parameter.VAR_POSITIONAL and value:
-            raise TypeError(f"*{parameter} has no names: it cannot travel in a CloudEvent's data")
-        if kind is inspect.Parameter.VAR_KEYWORD:
-            named.update(value)
-        elif kind is not inspect.Parameter.VAR_POSITIONAL:
-            named[parameter] = value
-    return named
 
 
 def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None, key: EventKey | None = None) -> C:

@@ -1,0 +1,104 @@
+"""An event's arguments travel by name and are checked before publishing (in-process: the same wire path as on the
+broker, without one; the broker's own test of the order is in test_contract.py's scenarios)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+
+from amqp_events import EventsApp, events_app
+from amqp_events.testing.in_process import in_process
+
+URL = "amqp://in-process.invalid//"
+
+
+@pytest.fixture
+def shop() -> Iterator[EventsApp]:
+    app = events_app("shop", broker_url=URL)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def billing() -> Iterator[EventsApp]:
+    app = events_app("billing", broker_url=URL)
+    yield app
+    app.close()
+
+
+def test_a_handler_that_lists_the_parameters_in_another_order_gets_each_by_its_name(shop, billing):
+    received = []
+
+    @shop.event("shop.order.placed")
+    def order_placed(order_id: int, customer: str, total: str) -> None:
+        pass
+
+    @billing.handler("shop.order.placed")
+    def on_placed(order_id: int, total: str, customer: str) -> None:
+        received.append({"order_id": order_id, "total": total, "customer": customer})
+
+    with in_process(shop, billing):
+        order_placed(1, "ada", "10.00")
+    assert received == [{"order_id": 1, "total": "10.00", "customer": "ada"}]
+
+
+def test_positions_from_a_producer_of_0_1_0_are_still_read(shop, billing):
+    received = []
+
+    @billing.handler("shop.order.placed")
+    def on_placed(order_id: int, customer: str) -> None:
+        received.append((order_id, customer))
+
+    with in_process(shop, billing):
+        shop.fire("shop.order.placed", [1, "ada"])  # what 0.1.0's events sent
+    assert received == [(1, "ada")]
+
+
+@pytest.mark.parametrize(
+    ("args", "refusal"),
+    [
+        (("abc", "5.00"), "invoice_id='abc' is not an int"),
+        ((42, 5), "amount=5 is not a str"),
+        ((True, "5.00"), "invoice_id=True is not an int"),
+        ((42, "5.00", {"a": object()}), "extra=.* cannot travel as JSON"),
+        ((42, "5.00", {"a": 1}, "high"), "rate='high' is not a float"),
+    ],
+)
+def test_a_value_that_contradicts_its_annotation_or_is_not_json_is_refused_before_publishing(
+    shop, billing, args, refusal
+):
+    received = []
+
+    @shop.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int, amount: str, extra: dict | None = None, rate: float = 1.0) -> None:
+        pass
+
+    @billing.handler("billing.invoice.paid")
+    def on_paid(**kwargs) -> None:
+        received.append(kwargs)
+
+    with in_process(shop, billing) as events:
+        with pytest.raises(TypeError, match=refusal):
+            invoice_paid(*args)
+        invoice_paid(42, "5.00", {"a": [1]}, 2)  # an int is a float
+        assert len(events.fired) == 1
+    assert received == [{"invoice_id": 42, "amount": "5.00", "extra": {"a": [1]}, "rate": 2}]
+
+
+def test_annotations_kept_as_strings_and_other_types_are_read_as_written(shop):
+    namespace: dict = {}
+    exec(  # the annotations of a module with `from __future__ import annotations` are strings
+        "from __future__ import annotations\n"
+        "def paid(invoice_id: int, when: datetime | None = None, *lines: str, **more: int): pass\n",
+        {"datetime": datetime},
+        namespace,
+    )
+    paid = shop.event("billing.invoice.paid")(namespace["paid"])
+    with in_process(shop, unhandled="ignore") as events:
+        with pytest.raises(TypeError, match="invoice_id='1' is not an int"):
+            paid("1")
+        paid(1, datetime(2026, 1, 1), "a", "b", note=3)  # not a plain type: not checked; *lines: by position
+    [fired] = events.fired
+    assert fired.args == (1, datetime(2026, 1, 1), "a", "b") and fired.kwargs == {"note": 3}
