@@ -408,23 +408,40 @@ def test_the_twenty_line_example_works_as_written(tmp_path, start_worker, broker
     wait_for(lambda: "invoice 42 paid: 10.00" in shop.log(), 30, what="the handler's output")
 
 
-def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):
+def write_testing_guide(directory: Path, *tests: str) -> None:
+    """The testing guide's configuration and ``tests``, with the quick start's services, into ``directory``."""
     files = code_blocks()
     [pyproject] = re.findall(r"```toml\n# pyproject.toml\n(.*?)```", page("guides/testing.md"), flags=re.S)
-    (tmp_path / "pyproject.toml").write_text(pyproject)
-    for name in ("tests/conftest.py", "tests/test_invoices.py", "orders/celery.py", "orders/handlers.py",
-                 "shipping/celery.py"):  # fmt: skip
-        path = tmp_path / name
+    (directory / "pyproject.toml").write_text(pyproject)
+    for name in ("tests/conftest.py", *tests, "orders/celery.py", "orders/handlers.py", "shipping/celery.py"):
+        path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(files[name])
     for package in ("orders", "shipping"):
-        (tmp_path / package / "__init__.py").write_text("")
+        (directory / package / "__init__.py").write_text("")
+
+
+def test_plain_pytest_runs_the_testing_section_s_tests_with_its_configuration(tmp_path):
+    write_testing_guide(tmp_path, "tests/test_invoices.py")
     pytest = str(Path(sys.executable).parent / "pytest")  # the plain command, not python -m pytest
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     ran = subprocess.run([pytest, "-q", "-p", "no:cacheprovider"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "2 passed" in ran.stdout
+
+
+@pytest.mark.broker
+def test_the_testing_guide_s_test_with_real_workers_fires_into_the_test_s_own_broker(tmp_path, rabbitmq):
+    """The app of ``orders.celery`` says localhost:5672; the test's fire reaches the worker on the test's vhost."""
+    write_testing_guide(tmp_path, "tests/test_with_workers.py")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(AMQP_URL=rabbitmq.amqp_url, AMQP_MANAGEMENT_URL=rabbitmq.management.base_url)
+    pytest = str(Path(sys.executable).parent / "pytest")
+    ran = subprocess.run([pytest, "-q", "-p", "no:cacheprovider", "tests/test_with_workers.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed" in ran.stdout
 
 
 def test_the_extras_bring_what_their_names_say():

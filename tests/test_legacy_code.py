@@ -25,7 +25,7 @@ def test_a_0_1_0_package_runs_unchanged(start_worker, records, service_app, arch
     events.thing_happened("retry")
     events.thing_happened("fail")
     archived = wait_archived(archive_of("legacy_consumer"), 2)  # "retry" asks again every time; "fail" fails
-    assert sorted(entry.payload[0][0] for entry in archived) == ["fail", "retry"]
+    assert sorted(entry.arguments[1]["value"] for entry in archived) == ["fail", "retry"]  # by name
     assert {(entry.reason, entry.attempts) for entry in archived} == {(Reason.MAX_RETRIES, 2)}  # 1 retry
     runs = records.wait(6)
     assert sorted(run["tag"] for run in runs) == ["even-2", "event", "fail", "fail", "retry", "retry"]

@@ -40,6 +40,7 @@ from typing import Any
 
 import pytest
 
+from amqp_events.celery.pointing import apps_pointed_at
 from amqp_events.errors import LocalServerError, WorkerStartError
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
@@ -225,13 +226,17 @@ def start_worker(
     """``start_worker("orders.celery", pool="prefork", concurrency=2, env={...})`` -> a ready worker.
 
     The worker gets ``BROKER_URL`` (this test's vhost) in its environment,
-    runs with the recommended flags, and is stopped when the test ends.
+    runs with the recommended flags, and is stopped when the test ends. Until
+    then, the apps of the test process written for the same broker as the
+    worker's app (when the test imported its module) use this test's vhost too,
+    so that what the test fires reaches the worker.
     ``as_written=True`` runs ``celery -A APP worker`` with the recommended
     flags only, as the documentation says (Celery's default pool, name and log
     level: it logs no "ready" line, so wait for its consumers instead).
     """
     workers: list[WorkerProcess] = []
     request.node.amqp_events_workers = workers
+    pointed = contextlib.ExitStack()
 
     def start(
         app: str,
@@ -259,6 +264,8 @@ def start_worker(
         }
         worker = WorkerProcess(argv, environment, cwd or Path.cwd(), tmp_path / f"{name}.log")
         workers.append(worker.start())
+        # The test's own firing goes where the worker listens (the process's apps of that broker, until the end).
+        pointed.enter_context(apps_pointed_at(environment["BROKER_URL"], app))
         if ready:
             try:
                 worker.wait_ready(timeout)
@@ -266,9 +273,10 @@ def start_worker(
                 pytest.fail(str(exc))
         return worker
 
-    yield start
-    for worker in workers:
-        worker.stop()
+    with pointed:
+        yield start
+        for worker in workers:
+            worker.stop()
 
 
 @pytest.hookimpl(hookwrapper=True)
