@@ -19,6 +19,7 @@ from kombu import Connection
 
 from amqp_events.cli import main
 from amqp_events.local.broker import LocalBroker
+from amqp_events.local.installation import roots_directory
 
 
 def fill(worker, producer, archive, tags, event="test.ping"):
@@ -205,8 +206,11 @@ def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
 
 @pytest.mark.broker  # starts a node of its own, in the default directory under the current one
 def test_commands_run_against_the_local_broker_find_it_and_its_management_api(tmp_path, monkeypatch):
+    """From the directory `broker start` ran in, and from any other (its note in the user's cache)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("AMQP_EVENTS_MANAGEMENT_URL", raising=False)
+    monkeypatch.setenv("AMQP_EVENTS_RABBITMQ_ROOTS", str(roots_directory()))  # found as before
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's notes only
     runner = CliRunner()
     started = runner.invoke(main, ["broker", "start"])
     try:
@@ -221,15 +225,24 @@ def test_commands_run_against_the_local_broker_find_it_and_its_management_api(tm
         )
         env = {key: value for key, value in os.environ.items() if not key.startswith("AMQP_EVENTS_")}
         env.update(AMQP_EVENTS_BROKER_URL=url.group(1), PYTHONPATH=str(tmp_path))
-        for command in ("declare", "check"):
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        for command, where in (("declare", tmp_path), ("check", tmp_path), ("check", elsewhere)):
             done = subprocess.run(
                 [str(Path(sys.executable).parent / "amqp-events"), "-A", "quick", "topology", command],
-                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+                cwd=where, env=env, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr
-        assert "the broker matches the topology of service 'quick'" in done.stdout
+            assert command == "declare" or "the broker matches the topology of service 'quick'" in done.stdout
+        status = subprocess.run([str(Path(sys.executable).parent / "amqp-events"), "broker", "status"], cwd=elsewhere,
+                                env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert status.returncode == 0 and f"started in {tmp_path / '.amqp-events' / 'broker'}" in status.stdout
+        assert url.group(1) in status.stdout, status.stdout
     finally:
         runner.invoke(main, ["broker", "stop"])
+    status = subprocess.run([str(Path(sys.executable).parent / "amqp-events"), "broker", "status"], cwd=elsewhere,
+                            env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert status.returncode == 3 and not list((tmp_path / "cache" / "amqp-events" / "running").iterdir())
 
 
 def read_until(fd: int, text: str, timeout: float = 30.0) -> str:

@@ -211,7 +211,14 @@ def test_a_broker_that_cannot_be_reached_is_a_503_not_a_traceback():
     try:
         down.wait_serving(down.url + "/api/services")
         status, answer = call(down.url + "/api/services")
-        assert status == 503 and answer["error"].startswith("the broker cannot be reached now")
+        assert status == 503 and "cannot reach the management API" in answer["error"], answer
+        assert "--management-url or AMQP_EVENTS_MANAGEMENT_URL" in answer["error"]
+        try:  # a page says it in a page, not in raw JSON
+            urllib.request.urlopen(down.url + "/", timeout=30)
+        except urllib.error.HTTPError as error:
+            page = (error.code, error.headers["content-type"], error.read().decode())
+        assert page[:2] == (503, "text/html; charset=utf-8") and "cannot reach the management API" in page[2]
+        assert '{"error"' not in page[2]
         status, answer = call(down.url + "/api/services/orders/archive/replay", {"ids": ["x"]}, CSRF)
         assert status == 503
     finally:

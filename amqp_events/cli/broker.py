@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from amqp_events.cli.context import expecting
 from amqp_events.errors import LocalServerError
-from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, started_in
+from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, registry, running_elsewhere, started_in
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.local.installation import DEBIAN_RELEASES, find, install, installed
@@ -90,7 +91,14 @@ def broker_start(directory: Path, port: int | None, nodes: int, rabbitmq: str | 
         else LocalBroker(directory, port, rabbitmq=installation)
     )
     started.start()
+    for node in nodes_of(started):
+        if node.state is not None:  # found from any directory (the console, `topology check`, `broker status`)
+            registry.remember(node.state.amqp_port, directory)
     describe(started)
+
+
+def nodes_of(started: LocalBroker | LocalCluster) -> list[LocalBroker]:
+    return started.nodes if isinstance(started, LocalCluster) else [started]
 
 
 @broker.command("stop")
@@ -100,19 +108,30 @@ def broker_stop(directory: Path) -> None:
     """Stop the node (or every node of the cluster) and everything it started."""
     started = started_in(directory)
     was_running = started.is_running()
+    ports = [node.state.amqp_port for node in nodes_of(started) if node.state is not None]
     started.stop()
+    for port in ports:
+        registry.forget(port)
     click.echo("broker stopped" if was_running else "broker was not running")
 
 
 @broker.command("status")
 @directory_option
-def broker_status(directory: Path) -> None:
-    """Say whether the node (or the cluster) runs; exit status 3 when nothing does."""
+@click.pass_context
+def broker_status(context: click.Context, directory: Path) -> None:
+    """Say whether the node (or the cluster) runs, or without --dir any started elsewhere; exit status 3 when
+    nothing does."""
     started = started_in(directory)
-    if not started.is_running():
-        click.echo(f"no broker running in {directory}")
+    if started.is_running():
+        describe(started)
+        return
+    click.echo(f"no broker running in {directory}")
+    elsewhere = running_elsewhere() if context.get_parameter_source("directory") is ParameterSource.DEFAULT else []
+    for found in elsewhere:
+        click.echo(f"\nstarted in {found.directory.resolve()}:")
+        describe(found)
+    if not elsewhere:
         raise SystemExit(3)
-    describe(started)
 
 
 @broker.command("kill")

@@ -107,25 +107,40 @@ class Guard(BaseHTTPMiddleware):
         return None
 
 
+def answer(request: Request, error: str, status: int) -> Response:
+    """An error as the API's JSON, or as a page for a browser's page request (never raw JSON in a page)."""
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": error}, status_code=status)
+    context: dict[str, Any] = {"services_nav": [], "who": getattr(request.state, "who", None), "error": error}
+    return pages.templates.TemplateResponse(request, "error.html", context, status_code=status)
+
+
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
+    return answer(request, str(exc.detail), exc.status_code)
 
 
 async def not_found(request: Request, exc: Exception) -> Response:
-    return JSONResponse({"error": str(exc)}, status_code=404)
+    return answer(request, str(exc), 404)
 
 
 async def forbidden(request: Request, exc: Exception) -> Response:
     """The console's broker user may not do it (another service's archive, under a service's own user)."""
-    return JSONResponse({"error": str(exc)}, status_code=403)
+    return answer(request, str(exc), 403)
 
 
 async def unavailable(request: Request, exc: Exception) -> Response:
     logger.warning("console: %s %s: the broker cannot be reached: %s", request.method, request.url.path, exc)
-    return JSONResponse({"error": f"the broker cannot be reached now: {type(exc).__name__}"}, status_code=503)
+    if isinstance(exc, ManagementError):
+        return answer(
+            request,
+            f"{exc}. The console reads queue counts there: give it with --management-url or "
+            "AMQP_EVENTS_MANAGEMENT_URL (a broker from `amqp-events broker start` is found by itself)",
+            503,
+        )
+    return answer(request, f"the broker cannot be reached now: {type(exc).__name__}: {exc}", 503)
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
     logger.exception("console: %s %s failed", request.method, request.url.path)
-    return JSONResponse({"error": f"{type(exc).__name__}: the console could not do it (see its log)"}, 500)
+    return answer(request, f"{type(exc).__name__}: the console could not do it (see its log)", 500)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from pathlib import Path
 
+from amqp_events.local import registry
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 
@@ -22,13 +23,32 @@ def started_in(directory: Path) -> LocalBroker | LocalCluster:
 
 
 def management_url_for(amqp_url: str, directory: Path = DEFAULT_DIRECTORY) -> str | None:
-    """The management API of the local node (started in ``directory``) that serves ``amqp_url``, if one does."""
-    if not directory.exists():
-        return None
+    """The management API of the local node that serves ``amqp_url``, if one does: the one started in
+    ``directory``, else one ``amqp-events broker start`` started anywhere (:mod:`~amqp_events.local.registry`)."""
+    port = urllib.parse.urlsplit(amqp_url.split(";")[0]).port or AMQP_PORT
+    elsewhere = registry.noted().get(port)
+    for place in (directory, elsewhere):
+        node = _node_serving(place, port) if place is not None and place.exists() else None
+        if node is not None:
+            return node.management_url
+    return None
+
+
+def running_elsewhere() -> list[LocalBroker | LocalCluster]:
+    """What ``amqp-events broker start`` started anywhere that still runs (notes of stopped ones removed)."""
+    found: dict[Path, LocalBroker | LocalCluster] = {}
+    for port, directory in registry.noted().items():
+        if directory.exists() and _node_serving(directory, port) is not None:
+            found.setdefault(directory, started_in(directory))
+        else:
+            registry.forget(port)
+    return list(found.values())
+
+
+def _node_serving(directory: Path, port: int) -> LocalBroker | None:
     started = started_in(directory)
     nodes = started.nodes if isinstance(started, LocalCluster) else [started]
-    port = urllib.parse.urlsplit(amqp_url.split(";")[0]).port or AMQP_PORT
     for node in nodes:
         if node.state is not None and node.state.amqp_port == port and node.is_running():
-            return node.management_url
+            return node
     return None
