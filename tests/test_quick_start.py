@@ -128,3 +128,9 @@ def test_the_cli_validates_an_event_the_app_declares_before_firing_it(tmp_path, 
     unchecked = fire("--json", '[10, ""]', "--no-validate")
     assert unchecked.returncode == 0, unchecked.stderr
     wait_for(lambda: "invoice 10 paid: " in worker.log(), 30, what="the unvalidated event handled")
+    # `amount: str` takes the text as typed (as JSON, 10.00 would be the float 10.0, refused as not a str)
+    typed = fire("--arg", "invoice_id=11", "--arg", "amount=10.00")
+    assert typed.returncode == 0, typed.stderr
+    wait_for(lambda: "invoice 11 paid: 10.00" in worker.log(), 30, what="the amount as typed")
+    wrong = fire("--arg", "invoice_id=abc", "--arg", "amount=1")
+    assert wrong.returncode == 1 and "invoice_id='abc' is not an int" in wrong.stderr, wrong.stderr

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any
 
 import click
@@ -38,8 +40,8 @@ def fire(
     skips that), and its key comes from the payload as declared. Other events
     are fired as given, with ``--key`` if they belong to an aggregate.
     """
-    args, kwargs = parse_payload(payload, pairs)
     app = context.app
+    args, kwargs = parse_payload(payload, pairs, as_text=text_arguments(app.declared_events.get(event)))
     results = FireResults()
     app.add_middleware(results)
     click.echo(fire_one(app, event, args, kwargs, countdown, no_validate, event_key))
@@ -89,7 +91,24 @@ def fire_one(
     return str(declared.fire(tuple(args), kwargs, countdown=countdown))
 
 
-def parse_payload(payload: str | None, pairs: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+def text_arguments(declared: Any) -> set[str]:
+    """The arguments a declared event takes as ``str``: ``--arg amount=10.00`` gives them the text as typed."""
+    if declared is None:
+        return set()
+    if not isinstance(declared, type):
+        hints = {name: p.annotation for name, p in inspect.signature(declared.validate).parameters.items()}
+    elif dataclasses.is_dataclass(declared):
+        hints = {field.name: field.type for field in dataclasses.fields(declared)}
+    else:  # a pydantic model
+        hints = {name: field.annotation for name, field in getattr(declared, "model_fields", {}).items()}
+    return {name for name, hint in hints.items() if hint in (str, "str")}
+
+
+def parse_payload(
+    payload: str | None, pairs: Sequence[str], as_text: Set[str] = frozenset()
+) -> tuple[list[Any], dict[str, Any]]:
+    """``--json`` and ``--arg`` as arguments: a value is JSON where it reads as JSON, else text (always text for
+    the arguments ``as_text`` names)."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     if payload:
@@ -108,7 +127,7 @@ def parse_payload(payload: str | None, pairs: Sequence[str]) -> tuple[list[Any],
         if not separator or not key:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--arg")
         try:
-            kwargs[key] = json.loads(value)
+            kwargs[key] = value if key in as_text else json.loads(value)
         except ValueError:
             kwargs[key] = value
     return args, kwargs
