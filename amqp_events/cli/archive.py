@@ -105,14 +105,12 @@ def archive_list(store: Archive, selection: Selection, as_json: bool) -> None:
 @one_line_errors
 def archive_show(message_id: str, service: str | None, as_json: bool) -> None:
     """Everything about one archived message, payload and traceback included."""
-    entry = archive_of(service).get(message_id)
-    if entry is None:
-        raise click.ClickException(f"no archived message with id {message_id!r}")
+    entry = one_entry(archive_of(service), message_id)
     if as_json:
         click.echo(json.dumps(entry.to_json(), indent=2))
         return
     for key, value in entry.summary().items():
-        if key != "cloudevent":
+        if key != "cloudevent" and value not in (None, ""):  # what does not apply is left out
             click.echo(f"{key + ':':<20}{value}")
     if entry.cloud_event:
         click.echo("cloudevent:")
@@ -120,11 +118,32 @@ def archive_show(message_id: str, service: str | None, as_json: bool) -> None:
             click.echo(f"  {name + ':':<18}{value}")
     click.echo(f"{'routing key:':<20}{fired_with(entry)}")
     click.echo(f"{'content type:':<20}{entry.content_type}")
-    payload = entry.payload
-    click.echo("payload:")
-    click.echo(json.dumps(payload, indent=2, default=str) if payload is not None else f"  (raw) {entry.body[:500]!r}")
+    arguments = entry.named_arguments
+    if arguments is not None:
+        click.echo("arguments:")
+        for name, value in arguments.items():
+            click.echo(f"  {name + ':':<18}{json.dumps(value, default=str)}")
+    else:
+        payload = entry.payload
+        shown = json.dumps(payload, indent=2, default=str) if payload is not None else f"  (raw) {entry.body[:500]!r}"
+        click.echo("payload:\n" + shown)
     click.echo("traceback:")
     click.echo(entry.traceback or "  (none)")
+
+
+def one_entry(store: Archive, message_id: str) -> ArchivedMessage:
+    """The archived message of id ``message_id``, or the only one whose id starts with it."""
+    entry = store.get(message_id)
+    if entry is not None:
+        return entry
+    found = [entry for entry in store.list() if entry.id.startswith(message_id)]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise click.ClickException(
+            f"{len(found)} archived messages have an id that starts with {message_id!r}: give more of it"
+        )
+    raise click.ClickException(f"no archived message with id {message_id!r} (or starting with it)")
 
 
 @archive.command("replay")
@@ -234,7 +253,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 def fired_with(entry: ArchivedMessage) -> str:
     """The routing key the event was fired with: its name, also when it came through the delay ladder or
     straight to its queue (a retry, a replay), whose own routing keys are the library's."""
-    if entry.exchange in (delays.DELIVERY_EXCHANGE, "") or is_direct_exchange(entry.exchange):
+    internal = entry.exchange.startswith(delays.level_name(0)[:-2]) or is_direct_exchange(entry.exchange)
+    if internal or entry.exchange in (delays.DELIVERY_EXCHANGE, ""):
         return entry.event
     return entry.routing_key
 

@@ -70,6 +70,7 @@ def detail(message: ArchivedMessage) -> dict[str, Any]:
     return {
         **message.summary(),
         "payload": message.payload,
+        "arguments": message.named_arguments,
         "traceback": message.traceback,
         "last_failure_at": message.last_failure_at.isoformat() if message.last_failure_at else None,
         "trace_id": trace_id(message.headers.get("traceparent")),

@@ -199,9 +199,8 @@ def decide(
             return archive(delivery, Reason.WORKER_LOST, error, delivery.retries + lost, handling, now)
         headers = {**copy_headers(delivery.headers, delivery.retries), LOST_RUNS: lost}
         return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="redeliver")
-    # A message returned too often was running each time its worker died; bad input never ran.
-    ran = 1 if happened.reason == Reason.WORKER_LOST else 0
-    return archive(delivery, happened.reason, happened.error, delivery.retries + ran, handling, now)
+    # This delivery was an attempt (the log says attempt=N), whether the handler ran or its input was refused.
+    return archive(delivery, happened.reason, happened.error, delivery.retries + 1, handling, now)
 
 
 def after_failure(

@@ -224,6 +224,16 @@ class ArchivedMessage:
         payload = self.payload
         return (list(payload[0]), dict(payload[1])) if is_task_body(payload) else None
 
+    @property
+    def named_arguments(self) -> dict[str, Any] | None:
+        """The arguments by name, positional ones as ``[0]``, ``[1]``... (``None`` when the body is not an
+        event's): what ``archive show`` and the console show."""
+        arguments = self.arguments
+        if arguments is None:
+            return None
+        positional, named = arguments
+        return {**{f"[{index}]": value for index, value in enumerate(positional)}, **named}
+
     def summary(self) -> dict[str, Any]:
         """The fields ``archive list --json`` prints."""
         return {
