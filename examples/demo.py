@@ -5,7 +5,8 @@ workers (``orders``, ``shipping``, ``notifications``), fires a stream of
 ``billing.invoice.paid`` events from ``billing`` and shows who handled what:
 retries of a flaky handler, a delay waited out on the broker, and a message
 that can never succeed landing in the archive. Everything it started is
-stopped at the end, also on Ctrl-C.
+stopped at the end, also on Ctrl-C; with ``--keep`` the broker is left
+running, to inspect and replay the archive with ``amqp-events``.
 
 Run it with ``bash scripts/demo`` (or ``python examples/demo.py --events 200``).
 """
@@ -27,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from amqp_events.archive import Archive  # noqa: E402
+from amqp_events.local import registry  # noqa: E402
 from amqp_events.local.broker import LocalBroker  # noqa: E402
 from amqp_events.testing import json_lines  # noqa: E402
 from amqp_events.testing.workers import WorkerProcess, worker_argv  # noqa: E402
@@ -36,6 +38,8 @@ SERVICES = {  # service -> (pool, concurrency)
     "shipping": ("solo", 1),
     "notifications": ("solo", 1),
 }
+#: The command line installed beside this Python (the project's .venv/bin/amqp-events).
+AMQP_EVENTS = Path(sys.executable).parent / "amqp-events"
 CUSTOMERS = ["ada", "grace", "linus", "ada", "grace", "linus", "ada", "grace", "linus", "nobody"]
 
 
@@ -43,6 +47,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=60, help="how many invoices to pay (default 60)")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the handlers")
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the broker running at the end, to look at it with amqp-events"
+    )
     options = parser.parse_args()
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)  # a SIGTERM cleans up as Ctrl-C does
@@ -74,18 +81,24 @@ def main() -> int:
             say(f"validation runs before publishing: {exc} (nothing was published)")
         fire(billing, options.events)
         outcome = wait_for_handlers(journal, options.events, options.timeout)
-        summarize(outcome, billing.app.archive("shipping"), time.monotonic() - started)
+        summarize(outcome, billing.app.archive("shipping"), time.monotonic() - started, node, options.keep)
         billing.app.close()
         return 0
     except KeyboardInterrupt:
         say("\ninterrupted: stopping everything the demo started")
+        options.keep = False
         return 130
     finally:
         for worker in workers:
             worker.stop()
-        node.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
-        say(f"stopped the workers and the broker; removed {workdir}")
+        if options.keep and node.state is not None:
+            registry.remember(node.state.amqp_port, node.directory)  # `amqp-events broker status` finds it
+            say(f"stopped the workers; the broker keeps running. Stop it (and remove {workdir}) with:")
+            say(f"  {AMQP_EVENTS} broker stop --dir {node.directory} && rm -r {workdir}")
+        else:
+            node.stop()
+            shutil.rmtree(workdir, ignore_errors=True)
+            say(f"stopped the workers and the broker; removed {workdir}")
 
 
 INTERRUPTED = threading.Event()
@@ -119,7 +132,8 @@ def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
         lines = json_lines(journal)
         final = {(line["service"], line["invoice"]) for line in lines if line["outcome"] in ("handled", "archived")}
         done = Counter(service for service, _ in final)
-        retries = sum(1 for line in lines if line["outcome"] in ("failed", "postponed"))
+        latest = {(line["service"], line["invoice"]): line["outcome"] for line in lines}  # the journal is in order
+        retries = sum(1 for outcome in latest.values() if outcome in ("failed", "postponed"))
         progress(
             " | ".join(f"{service} {done[service]}/{count}" for service in SERVICES)
             + f" | retries waiting on the broker: {retries}"
@@ -130,7 +144,7 @@ def wait_for_handlers(journal: Path, count: int, timeout: float) -> list[dict]:
         time.sleep(0.2)
 
 
-def summarize(lines: list[dict], archive: Archive, seconds: float) -> None:
+def summarize(lines: list[dict], archive: Archive, seconds: float, node: LocalBroker, keep: bool) -> None:
     say("\nwho handled what")
     say(f"  {'service':<15}{'handled':>8}{'retried runs':>14}{'archived':>10}  longest wait on the broker")
     for service in SERVICES:
@@ -141,9 +155,15 @@ def summarize(lines: list[dict], archive: Archive, seconds: float) -> None:
             f"  {service:<15}{counts['handled']:>8}{counts['failed'] + counts['postponed']:>14}"
             f"{counts['archived']:>10}  up to attempt {attempts}"
         )
-    say("\nshipping's archive (inspect and replay with `amqp-events -A shipping archive list|replay`):")
+    say("\nshipping's archive:")
     for entry in archive.list():
         say(f"  {entry.id}  {entry.event}  reason={entry.reason}  {entry.exception_message}")
+    if keep:
+        say("inspect and replay it while the broker runs:")
+        for command in ("list", "show ID", "replay"):
+            say(f"  BROKER_URL={node.url} PYTHONPATH={HERE} {AMQP_EVENTS} -A shipping archive {command}")
+    else:
+        say("(run the demo with --keep to inspect and replay it with `amqp-events -A shipping archive list|replay`)")
     say(f"\ndone in {seconds:.1f}s")
 
 

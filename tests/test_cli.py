@@ -338,3 +338,28 @@ def test_errors_say_which_broker_and_a_closed_pipe_ends_quietly(tmp_path):
     assert shown.stdout is not None and shown.stderr is not None
     shown.stdout.close()  # as `| head` does once it has its lines
     assert shown.wait(60) != 0 and b"BrokenPipe" not in shown.stderr.read()
+
+
+def test_a_retired_service_s_queues_and_exchanges_are_gone_and_what_is_shared_stays(
+    worker, producer, archive_of, cli_process, rabbitmq, vhost, service_app
+):
+    service_app("shipping").declare_topology()
+    process = worker("orders")
+    fill(worker, producer, archive_of("orders"), ["kept"])
+
+    def queues() -> set[str]:
+        return {queue["name"] for queue in rabbitmq.management.queues(vhost)}
+
+    running = cli_process("topology", "retire", "--yes")
+    assert running.returncode == 1 and "kept orders:test.ping" in running.stdout, running.stdout + running.stderr
+    assert "nothing deleted" in running.stderr and "orders:test.ping" in queues()
+    process.stop()
+    holding = cli_process("topology", "retire", "--yes")
+    assert holding.returncode == 1 and "kept orders.archive" in holding.stdout, holding.stdout + holding.stderr
+    assert "orders.archive" in queues()
+    retired = cli_process("topology", "retire", "--yes", "--discard")
+    assert retired.returncode == 0, retired.stdout + retired.stderr
+    assert "deleted orders.direct" in retired.stdout and "deleted orders.dead-letter" in retired.stdout
+    left = queues()
+    assert not any(name.startswith(("orders:", "orders.")) for name in left) and "amqp_events.delay.00" in left
+    assert "shipping:test.ping" in left  # another service's queue stays

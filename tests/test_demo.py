@@ -53,6 +53,26 @@ def test_the_demo_runs_to_a_summary(tmp_path):
     assert not Path(workdir).exists() and descendants_of_the_demo(workdir) == []
 
 
+def test_with_keep_the_closing_hint_can_be_followed_and_the_broker_stopped_as_it_says(tmp_path):
+    demo = run_demo("--events", "10", "--keep")
+    output, _ = demo.communicate(timeout=240)
+    assert demo.returncode == 0, output
+    assert "retries waiting on the broker: 0" in output  # once everything was handled, nothing waits
+    workdir = output.split("under ", 1)[1].split(")", 1)[0]
+    hinted = [line.strip() for line in output.splitlines() if " -A shipping archive " in line]
+    stop = next(line.strip() for line in output.splitlines() if " broker stop --dir " in line)
+    try:
+        listed = subprocess.run(hinted[0], shell=True, capture_output=True, text=True, timeout=60)  # as printed
+        assert listed.returncode == 0 and "no shipping address for customer 'nobody'" in listed.stdout, listed
+        replayed = subprocess.run(hinted[-1] + " --yes", shell=True, capture_output=True, text=True, timeout=60)
+        assert replayed.returncode == 0 and "replayed 1 message(s)" in replayed.stdout, replayed
+    finally:
+        stopped = subprocess.run(stop, shell=True, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0 and "broker stopped" in stopped.stdout, stopped
+    assert not Path(workdir).exists()
+    wait_for(lambda: descendants_of_the_demo(workdir) == [], 30, what="the kept broker to end")
+
+
 def test_ctrl_c_stops_everything_the_demo_started():
     demo = run_demo("--events", "100000")
     lines: list[str] = []

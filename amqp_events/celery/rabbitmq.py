@@ -20,6 +20,7 @@ from amqp_events.core.transport import Browsed, StoredMessage, StreamReading
 from amqp_events.errors import PermissionRefused, PublishError
 from amqp_events.topology import Topology
 from amqp_events.topology.declare import declare_topology
+from amqp_events.topology.retire import Retired, retire_topology
 from amqp_events.wire.message import OutgoingMessage
 
 
@@ -46,6 +47,11 @@ class RabbitMQ:
     def declare(self, topology: Topology) -> None:
         with self.app.connection_for_write() as connection:
             declare_topology(connection, topology)
+
+    def retire(self, topology: Topology, discard: bool = False) -> Retired:
+        """Delete the service's own queues and exchanges (:mod:`amqp_events.topology.retire`)."""
+        with self.app.connection_for_write() as connection:
+            return retire_topology(connection, topology, discard)
 
     @contextmanager
     def browse(self, queue: str) -> Iterator[Browsed]:

@@ -11,6 +11,7 @@ from amqp_events.cli.context import Context, one_line_errors, pass_context
 from amqp_events.topology import Topology
 from amqp_events.topology.check import LiveTopology, differences, expected_bindings
 from amqp_events.topology.permissions import rabbitmqctl_commands, service_grants
+from amqp_events.topology.retire import own_parts
 
 
 @click.group()
@@ -76,6 +77,37 @@ def topology_declare(context: Context) -> None:
         f"declared {len(declared.exchanges)} exchanges, {len(declared.queues)} queues and "
         f"{len(declared.bindings)} extra bindings for service {app.service!r}"
     )
+
+
+@topology.command("retire")
+@click.option("--discard", is_flag=True, help="Delete queues that still hold messages (their events are lost).")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_context
+@one_line_errors
+def topology_retire(context: Context, discard: bool, yes: bool) -> None:
+    """Delete the service's own queues and exchanges, so that events stop collecting for a service that is gone.
+
+    Stop its workers first: while a consumer reads one of its queues, or one holds messages (events not handled
+    yet, its archive) and --discard is not given, nothing is deleted. What every service shares stays.
+    """
+    app = context.app
+    queues, exchanges = own_parts(app.topology)
+    click.echo(f"service {app.service!r} on vhost {context.vhost!r}: {len(queues)} queues, {len(exchanges)} exchanges")
+    for name in [*queues, *exchanges]:
+        click.echo(f"  {name}")
+    warning = " and every message they hold" if discard else ""
+    if not yes and not click.confirm(f"Delete these{warning}?"):
+        raise SystemExit(1)
+    retired = app.rabbitmq.retire(app.topology, discard)
+    for name in retired.deleted:
+        click.echo(f"deleted {name}")
+    for name, why in retired.kept.items():
+        click.echo(f"kept {name}: {why}")
+    if retired.kept:
+        raise click.ClickException(
+            f"nothing deleted: {len(retired.kept)} queue(s) still in use or holding messages; stop the service's "
+            "workers, replay or export what they hold (or give --discard), then run it again"
+        )
 
 
 @topology.command("check")
