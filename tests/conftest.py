@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 import urllib.request
@@ -160,23 +162,33 @@ AMQP_EVENTS = str(Path(sys.executable).parent / "amqp-events")
 @pytest.fixture
 def cli_process(broker_url: str, rabbitmq: Any) -> Callable[..., Any]:
     """``cli_process("archive", "list")``: runs the installed ``amqp-events -A services.orders ...`` in a
-    process of its own (output captured as text, 120 s at most)."""
-    import os
-    import subprocess
-
-    environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS),
-                   "AMQP_EVENTS_MANAGEMENT_URL": rabbitmq.management.base_url}  # fmt: skip
+    process of its own (output captured as text, 120 s at most), in the test's environment as it is then."""
+    fixed = {"BROKER_URL": broker_url, "PYTHONPATH": str(TESTS),
+             "AMQP_EVENTS_MANAGEMENT_URL": rabbitmq.management.base_url}  # fmt: skip
 
     def run(
         *args: str, app: str | None = "services.orders", input: str | None = None, env: dict[str, str] | None = None
-    ) -> Any:
+    ) -> Ran:
         prefix = ["-A", app] if app else []
-        return subprocess.run(
-            [AMQP_EVENTS, *prefix, *args], env={**environment, **(env or {})}, cwd=TESTS, input=input,
+        done = subprocess.run(
+            [AMQP_EVENTS, *prefix, *args], env={**os.environ, **fixed, **(env or {})}, cwd=TESTS, input=input,
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
+        return Ran(done.args, done.returncode, done.stdout, done.stderr)
 
     return run
+
+
+class Ran(subprocess.CompletedProcess):
+    """A finished ``amqp-events`` process, read like Click's test result too (``exit_code``, ``output``)."""
+
+    @property
+    def exit_code(self) -> int:
+        return self.returncode
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
 
 
 @pytest.fixture

@@ -7,9 +7,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from amqp_events.local.processes import terminate
 from amqp_events.testing import wait_for
+
+#: The ``amqp-events`` command as installed beside this Python.
+AMQP_EVENTS = str(Path(sys.executable).parent / "amqp-events")
 
 
 class Console:
@@ -18,7 +22,7 @@ class Console:
     def __init__(
         self, broker_url: str, management_url: str, bind: str, env: dict[str, str] | None = None, app: str = ""
     ) -> None:
-        command = [sys.executable, "-m", "amqp_events.cli", *(["-A", app] if app else []), "--broker", broker_url,
+        command = [AMQP_EVENTS, *(["-A", app] if app else []), "--broker", broker_url,
                    "--management-url", management_url, "console", "--bind", bind]  # fmt: skip
         environment = {**os.environ, **(env or {})}
         self.url = f"http://{bind}"

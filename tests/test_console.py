@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, effects_tables, wait_archived
+from conftest import AMQP_EVENTS, TESTS, effects_tables, wait_archived
 from console_helpers import Console
 from test_breakers import queue_state
 
@@ -256,7 +257,10 @@ def test_off_loopback_the_console_refuses_to_start_without_credentials_and_then_
     without = Console(broker_url, management, f"0.0.0.0:{free_port()}")
     assert without.process.wait(30) != 0
     assert "without authentication" in without.output()
-    users = f"ann:read:{hash_password('ann-secret', rounds=1000)},bob:operator:{hash_password('bob', rounds=1000)}"
+    hashed = subprocess.run([AMQP_EVENTS, "console", "hash-password"], input="ann-secret\nann-secret\n",
+                            capture_output=True, text=True, timeout=60)  # fmt: skip  # as an operator makes one
+    assert hashed.returncode == 0, hashed.stderr
+    users = f"ann:read:{hashed.stdout.split()[-1]},bob:operator:{hash_password('bob', rounds=1000)}"
     port = free_port()
     env = {"AMQP_EVENTS_CONSOLE_USERS": users, "AMQP_EVENTS_CONSOLE_TOKEN": "scripts-token"}
     guarded = Console(broker_url, management, f"0.0.0.0:{port}", env)

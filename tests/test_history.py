@@ -166,7 +166,7 @@ def test_the_history_drops_its_oldest_events_past_its_size(broker_url, cli):
     assert kept["bytes"] <= 100_000 + 2 * 20_000  # retention drops whole segments
 
 
-def test_find_show_and_stats_print_json_and_the_exporter_tells_the_history_s_age(broker_url, cli, rabbitmq):
+def test_find_show_and_stats_print_json_and_the_exporter_tells_the_history_s_age(broker_url, cli_process, rabbitmq):
     teller = events_app("teller", broker_url=broker_url, amqp_events_history=True)
     teller.declare_topology()
     paid = teller.event("billing.invoice.paid")(lambda invoice_id, amount: None)
@@ -189,7 +189,7 @@ def test_find_show_and_stats_print_json_and_the_exporter_tells_the_history_s_age
     assert 0 <= exported["amqp_events_history_oldest_event_age_seconds"][0].value < 60
     assert exported["amqp_events_history_replay_position_age_seconds"] == []  # no replay under way
 
-    found = cli("history", "find", "--event", "billing.#", "--where", "invoice_id=1")
+    found = cli_process("history", "find", "--event", "billing.#", "--where", "invoice_id=1")
     assert found.exit_code == 0, found.output
     lines = [json.loads(line) for line in found.output.splitlines()]
     assert [(line["event"], line["arguments"]["invoice_id"]) for line in lines] == [
@@ -197,15 +197,15 @@ def test_find_show_and_stats_print_json_and_the_exporter_tells_the_history_s_age
         ("billing.invoice.voided", 1),
     ]
     assert lines[0]["fired_by"] == "teller" and lines[0]["id"] == ids[1]
-    keyed = json.loads(cli("history", "find", "--where", "key=7").output)
+    keyed = json.loads(cli_process("history", "find", "--where", "key=7").output)
     assert (keyed["event"], keyed["key"]) == ("shop.order.placed", "7")
 
-    shown = cli("history", "show", ids[2])
+    shown = cli_process("history", "show", ids[2])
     assert json.loads(shown.output)["headers"]["task"] == "billing.invoice.paid"
-    missing = cli("history", "show", "no-such-id")
+    missing = cli_process("history", "show", "no-such-id")
     assert missing.exit_code == 1 and "no event 'no-such-id' in the history" in missing.output
 
-    stats = json.loads(cli("history", "stats", "--json").output)
+    stats = json.loads(cli_process("history", "stats", "--json").output)
     assert stats["events"] == 5
     assert sorted((row["event"], row["events"]) for row in stats["per_hour"]) == [
         ("billing.invoice.paid", 3),

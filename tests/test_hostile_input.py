@@ -220,6 +220,16 @@ def test_odd_entries_in_an_archive_are_shown_not_crashed_on(worker, broker_url, 
         assert shown.returncode == 0, shown.stderr
     exported = cli_process("archive", "export", "-")
     assert exported.returncode == 0 and len(exported.stdout.splitlines()) == len(ODD_ARCHIVED), exported.stderr
+    purged = cli_process("archive", "purge", "--yes")
+    assert purged.returncode == 0, purged.stderr
+    imported = cli_process("archive", "import", "-", input=exported.stdout)  # what was exported comes back whole
+    assert imported.returncode == 0, imported.stderr
+    again = cli_process("archive", "export", "-")
+
+    def kept(lines: str) -> list[tuple]:
+        return sorted((entry["id"], entry["body"], entry["reason"]) for entry in map(json.loads, lines.splitlines()))
+
+    assert kept(again.stdout) == kept(exported.stdout)
     for path in ("/", "/services/orders/archive", "/api/services/orders/archive", "/api/services/orders/archive/true"):
         try:
             urllib.request.urlopen(console.url + path, timeout=30).close()

@@ -148,7 +148,9 @@ def test_sql_dedup_skips_a_duplicate_after_success(payments, producer, records):
     assert len(records.all(id=event_id)) == 1
 
 
-def test_keys_older_than_the_retention_are_pruned_by_the_worker_and_the_cli(database, effects_db, payments, cli):
+def test_keys_older_than_the_retention_are_pruned_by_the_worker_and_the_cli(
+    database, effects_db, payments, cli_process
+):
     table = InboxTable(effects_db).table
     with effects_db.begin() as connection:
         connection.execute(
@@ -169,7 +171,9 @@ def test_keys_older_than_the_retention_are_pruned_by_the_worker_and_the_cli(data
         connection.execute(
             insert(table).values(service="payments", handler="h", event_id="old", processed_at=ten_minutes_ago)
         )
-    pruned = cli("inbox", "prune", "--db", database, "--older-than", "60", app=None)
+    initialised = cli_process("inbox", "init", "--db", database, app=None)  # an existing table: kept as it is
+    assert initialised.returncode == 0, initialised.output
+    pruned = cli_process("inbox", "prune", "--db", database, "--older-than", "60", app=None)
     assert "pruned 1 key(s)" in pruned.output and keys() == 1
 
 

@@ -108,3 +108,17 @@ def test_a_local_node_s_epmd_and_distribution_listen_on_loopback_only(tmp_path):
             assert addresses and addresses <= loopback, f"{what} listens on {addresses}"
     finally:
         node.stop()
+
+
+def test_broker_install_of_a_line_already_there_says_so_and_changes_nothing():
+    import subprocess
+
+    from conftest import AMQP_EVENTS
+
+    from amqp_events.local.installation import installed
+
+    for found in installed():  # the machine's own line, and any installed beside it
+        command = [AMQP_EVENTS, "broker", "install", found.line]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"RabbitMQ {found.version} is installed" in done.stdout

@@ -96,7 +96,7 @@ def test_the_topology_shows_the_partitions_and_the_check_finds_those_left_over(w
 
 
 def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(
-    worker, producer, cli, records, rabbitmq, vhost
+    worker, producer, cli, cli_process, records, rabbitmq, vhost
 ):
     port = free_port()
     worker("ledger", env={"PARTITIONS": "4", "AMQP_EVENTS_METRICS_PORT": str(port)})
@@ -110,7 +110,7 @@ def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(
     wait_for(lambda: producer.transport.count(parked) == 3, 30, what="a marker and two events parked")
     listed = cli("archive", "list", app="services.ledger")
     assert f"{head}" in listed.output and "non_retryable, parks key a-1" in listed.output
-    shown = cli("archive", "parked", app="services.ledger")
+    shown = cli_process("archive", "parked", app="services.ledger")
     assert shown.exit_code == 0, shown.output
     assert [line.split() for line in shown.output.splitlines()[1:2]] == [["a-1", partition, head, "2"]]
     assert records.all(account="a-1") and not [run for run in records.all(account="a-1") if run["ok"]]

@@ -266,7 +266,7 @@ def test_rows_that_can_never_be_published_are_set_aside_and_the_relay_goes_on(
     app.close()
 
 
-def test_operators_list_retry_and_purge_dead_rows(outbox, database, producer, worker, records, cli):
+def test_operators_list_retry_and_purge_dead_rows(outbox, database, producer, worker, records, cli_process):
     worker("orders")
     with outbox.engine.begin() as connection:
         for event_id in ("dead-1", "dead-2"):
@@ -277,13 +277,13 @@ def test_operators_list_retry_and_purge_dead_rows(outbox, database, producer, wo
                     last_error="cannot be read back",
                 )
             )  # fmt: skip
-    listed = cli("outbox", "list", "--db", database)
+    listed = cli_process("outbox", "list", "--db", database)
     assert listed.exit_code == 0 and "dead-1" in listed.output and "2 row(s)" in listed.output
-    status = cli("outbox", "status", "--db", database)
+    status = cli_process("outbox", "status", "--db", database)
     assert "pending: 0" in status.output and "dead:    2" in status.output
     [one, two] = [row.id for row in outbox.rows(dead=True)]
-    assert f"purged row {one}" in cli("outbox", "purge", "--db", database, "--id", str(one), "--yes").output
-    retried = cli("outbox", "retry", "--db", database, "--all", "--yes")
+    assert f"purged row {one}" in cli_process("outbox", "purge", "--db", database, "--id", str(one), "--yes").output
+    retried = cli_process("outbox", "retry", "--db", database, "--all", "--yes")
     assert f"retrying row {two}" in retried.output and outbox.stats().pending == 1
 
 
