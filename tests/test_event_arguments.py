@@ -3,7 +3,7 @@ broker, without one; the broker's own test of the order is in test_contract.py's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import pytest
@@ -15,17 +15,27 @@ URL = "amqp://in-process.invalid//"
 
 
 @pytest.fixture
-def shop() -> Iterator[EventsApp]:
-    app = events_app("shop", broker_url=URL)
-    yield app
-    app.close()
+def apps() -> Iterator[Callable[[str], EventsApp]]:
+    """``apps("shop")``: an app of that service, closed when the test ends."""
+    made: list[EventsApp] = []
+
+    def make(service: str) -> EventsApp:
+        made.append(events_app(service, broker_url=URL))
+        return made[-1]
+
+    yield make
+    for app in made:
+        app.close()
 
 
 @pytest.fixture
-def billing() -> Iterator[EventsApp]:
-    app = events_app("billing", broker_url=URL)
-    yield app
-    app.close()
+def shop(apps) -> EventsApp:
+    return apps("shop")
+
+
+@pytest.fixture
+def billing(apps) -> EventsApp:
+    return apps("billing")
 
 
 def test_a_handler_that_lists_the_parameters_in_another_order_gets_each_by_its_name(shop, billing):
