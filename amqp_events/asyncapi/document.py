@@ -8,7 +8,7 @@
   task message (body ``[args, kwargs, embed]``) and the CloudEvent in binary
   mode (``ce-`` headers, the keyword arguments as data). Their payload schema
   (``components.schemas``) comes from the event's signature, dataclass or
-  pydantic model (:mod:`amqp_events.schemas`).
+  pydantic model (:mod:`amqp_events.asyncapi.schemas`).
 
 Built from the service alone (no broker); ``amqp-events -A APP asyncapi`` prints it.
 """

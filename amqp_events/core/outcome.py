@@ -206,7 +206,7 @@ def decide(
 def after_failure(
     delivery: Delivery, failed: Failed, handling: Handling, now: datetime, rng: Callable[[], float] = random.random
 ) -> Outcome:
-    """A failure's outcome, by the policy of the section it happened in (:mod:`amqp_events.sections`).
+    """A failure's outcome, by the policy of the section it happened in (:mod:`amqp_events.core.sections`).
 
     A ``retry`` section counts its own retries (``section_retries``); the
     handler's policy counts the retries no section claimed (:mod:`amqp_events.core.sections`).

@@ -6,7 +6,7 @@
 * :mod:`amqp_events.testing.fixtures`: pytest fixtures (the in-process mode,
   and services as real workers against a real RabbitMQ node:
   ``pytest_plugins = ["amqp_events.testing.fixtures"]``).
-* :mod:`amqp_events.testing.broker`: a private, throwaway RabbitMQ node.
+* :mod:`amqp_events.local.broker`: a private, throwaway RabbitMQ node (the fixtures start one).
 * :mod:`amqp_events.testing.workers`: ``celery worker`` processes, stopped by PID.
 * :func:`wait_for`: poll a condition with a deadline; :func:`json_lines`: read what processes append.
 

@@ -173,7 +173,7 @@ class ArchivedMessage:
     body: bytes = field(repr=False)
     content_type: str | None = None
     content_encoding: str | None = None
-    #: Its CloudEvents attributes, if it arrived as a CloudEvent (:mod:`amqp_events.cloud_events`).
+    #: Its CloudEvents attributes, if it arrived as a CloudEvent (:mod:`amqp_events.wire.cloud_events`).
     cloud_event: dict[str, str] = field(default_factory=dict)
 
     @classmethod

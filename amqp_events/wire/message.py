@@ -75,7 +75,7 @@ def parse_time(value: Any) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """A message ready for :mod:`amqp_events.publisher`.
+    """A message ready for :mod:`amqp_events.celery.publisher`.
 
     ``body`` is serialised as JSON unless ``content_type`` is given, in which
     case it must already be ``bytes`` (archived copies keep the original bytes).
@@ -161,7 +161,7 @@ def new_event_id(given: str | None = None) -> str:
 
 
 def event_name(headers: Mapping[str, Any]) -> str:
-    """The event a message fires: its ``task`` header, or its ``ce-type`` (:mod:`amqp_events.cloud_events`)."""
+    """The event a message fires: its ``task`` header, or its ``ce-type`` (:mod:`amqp_events.wire.cloud_events`)."""
     return str(headers.get("task") or headers.get("ce-type") or "")
 
 
@@ -218,7 +218,7 @@ class EventMetadata:
     fired_by: str | None
     #: 1 for the first run, 2 for the first retry, ...
     attempt: int
-    #: The handler section (:mod:`amqp_events.sections`) whose failure caused this retry, if one did.
+    #: The handler section (:mod:`amqp_events.core.sections`) whose failure caused this retry, if one did.
     failed_section: str | None = None
     #: The event's key (the ``event_key`` header), if it was fired with one.
     key: str | None = None
