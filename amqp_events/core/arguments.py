@@ -9,11 +9,12 @@ out only there, as an archived event. Pure: nothing here talks to a broker.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 from amqp_events.wire.message import json_body
 
+#: Values JSON carries as they are.
+SCALARS = (str, int, float, bool, type(None))
 #: The annotations checked, by the type and by its name (``from __future__ import annotations`` keeps names).
 PLAIN: dict[str, tuple[type, ...]] = {
     "int": (int,),
@@ -25,10 +26,9 @@ PLAIN: dict[str, tuple[type, ...]] = {
 }
 
 
-def by_name(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """``args`` and ``kwargs`` of a call of ``function``, all by name; ``None`` when ``*args`` took values
-    (they have no names)."""
-    signature = inspect.signature(function)
+def by_name(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    """``args`` and ``kwargs`` of a call of a function of ``signature``, all by name; ``None`` when ``*args``
+    took values (they have no names)."""
     named: dict[str, Any] = {}
     for parameter, value in signature.bind(*args, **kwargs).arguments.items():
         kind = signature.parameters[parameter].kind
@@ -42,10 +42,10 @@ def by_name(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[st
     return named
 
 
-def check_arguments(event: str, function: Callable[..., Any], named: dict[str, Any]) -> None:
-    """Refuse (``TypeError``) a value that JSON cannot carry, or that contradicts a plain annotation of
-    ``function`` (``int``, ``float``, ``str``, ``bool``, ``list``, ``dict``; others are not checked)."""
-    parameters = inspect.signature(function).parameters
+def check_arguments(event: str, signature: inspect.Signature, named: dict[str, Any]) -> None:
+    """Refuse (``TypeError``) a value that JSON cannot carry, or that contradicts a plain annotation of the
+    event's function (``int``, ``float``, ``str``, ``bool``, ``list``, ``dict``; others are not checked)."""
+    parameters = signature.parameters
     for name, value in named.items():
         parameter = parameters.get(name)
         wanted = _plain(parameter.annotation) if parameter is not None else None
@@ -53,6 +53,8 @@ def check_arguments(event: str, function: Callable[..., Any], named: dict[str, A
             raise TypeError(
                 f"event {event!r}: {name}={_short(value)} is not {_type_name(wanted)} (its parameter says so)"
             )
+        if type(value) in SCALARS:  # JSON carries these as they are: no trial encoding on the hot path
+            continue
         try:
             json_body(value)
         except (TypeError, ValueError) as exc:

@@ -67,11 +67,12 @@ class Event(Generic[P]):
         self.app = app
         self.name = name
         self.validate = validate
+        self._signature = inspect.signature(validate)
         #: "celery", "cloudevents", or ``None``: the app's ``amqp_events_wire_format``.
         self.wire_format = wire_format
         #: The argument (or the callable) that gives each fire's key; ``None``: fired without a key.
         self.key = key
-        if isinstance(key, str) and key not in inspect.signature(validate).parameters:
+        if isinstance(key, str) and key not in self._signature.parameters:
             raise ValueError(f"event {name!r}: key={key!r} is not an argument of {validate.__qualname__}")
 
     def handler(self, target: Any = None, *, bind: bool = False) -> Any:
@@ -107,14 +108,14 @@ class Event(Generic[P]):
         kwargs = kwargs or {}
         self.validate(*args, **kwargs)
         key = self.key_of(args, kwargs)
-        named = by_name(self.validate, args, kwargs)
+        named = by_name(self._signature, args, kwargs)
         if named is None:  # values of *args: they have no names, and travel by position
             if self.app.wire_format(self.wire_format) == "cloudevents":
                 raise TypeError(f"event {self.name!r}: *args have no names; a CloudEvent's data is an object")
-            check_arguments(self.name, self.validate, kwargs)
+            check_arguments(self.name, self._signature, kwargs)
             named = kwargs
         else:
-            check_arguments(self.name, self.validate, named)
+            check_arguments(self.name, self._signature, named)
             args = ()
         kwargs = named
         return self.app.fire(
@@ -127,7 +128,7 @@ class Event(Generic[P]):
             return None
         if callable(self.key):
             return self.key(*args, **kwargs)
-        bound = inspect.signature(self.validate).bind(*args, **kwargs)
+        bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return bound.arguments[self.key]
 
