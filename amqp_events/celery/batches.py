@@ -41,7 +41,7 @@ def batch_runner(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any]
         alone = []
         try:
             for event in events_of(handler.event, message.decode()):
-                if not read_as_it_is(app.context, handler.queue, event):
+                if not receive_hooks_pass_unchanged(app.context, handler.queue, event):
                     alone.append(event)
                     continue
                 delivery = Delivery(event.headers, handler.queue, "", handler.queue, event.args, event.kwargs)
@@ -60,7 +60,7 @@ def batch_runner(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any]
     return run
 
 
-def read_as_it_is(context: ServiceContext, queue: str, event: BatchedEvent) -> bool:
+def receive_hooks_pass_unchanged(context: ServiceContext, queue: str, event: BatchedEvent) -> bool:
     """Do the service's ``before_receive`` hooks read ``event`` as it is (nothing to change, nothing refused)?"""
     if not context.middleware.before_receive:
         return True

@@ -133,14 +133,14 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
     def tick(self, c: Any) -> None:
         try:
             if self.handing_over:
-                self.go_on_handing_over(c)
+                self.release_handed_over(c)
             elif time.monotonic() >= self.next_look:
                 self.next_look = time.monotonic() + BALANCE_EVERY
-                self.look_at_share(c)
+                self.rebalance(c)
         except c.connection_errors:  # the consumer reconnects and starts this step again
             logger.debug("sharing out partitions", exc_info=True)
 
-    def look_at_share(self, c: Any) -> None:
+    def rebalance(self, c: Any) -> None:
         if not self.channels or c.ordered_runner is None:
             return
         workers = self.roll_call.queue_declare(workers_queue_name(c.app.service), passive=True).consumer_count
@@ -154,7 +154,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
             c.ordered_runner.pause(partition)
             self.handing_over[partition] = now + HAND_OVER_TIMEOUT
 
-    def go_on_handing_over(self, c: Any) -> None:
+    def release_handed_over(self, c: Any) -> None:
         for partition, deadline in list(self.handing_over.items()):
             if c.ordered_runner.idle(partition) or time.monotonic() >= deadline:
                 queue = self.channels[partition][1]

@@ -240,7 +240,7 @@ class ConfirmedBatchPublisher:
                 send(self.channel, message)
                 break
             except self._errors as exc:
-                self._go_on_elsewhere(exc, deadline)
+                self._fail_over(exc, deadline)
         self._pending[self._next_tag] = entry
         self._next_tag += 1
         if len(self._pending) >= self.window:
@@ -307,9 +307,9 @@ class ConfirmedBatchPublisher:
             except TimeoutError:
                 continue
             except self._errors as exc:
-                self._go_on_elsewhere(exc, deadline)
+                self._fail_over(exc, deadline)
 
-    def _go_on_elsewhere(self, error: BaseException, deadline: float) -> None:
+    def _fail_over(self, error: BaseException, deadline: float) -> None:
         """Open a connection to the next host that answers and publish again what is not confirmed."""
         unconfirmed = list(self._pending.values())
         pause = FIRST_PAUSE

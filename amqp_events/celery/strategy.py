@@ -63,7 +63,7 @@ def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., 
         return ordered_strategy(task, app, consumer)
     celery_path: Callable[..., Any] = splitting(default(task, app, consumer, **options), task, app, consumer)
     pool = consumer.pool
-    if not (isinstance(pool, SoloPool | ThreadsPool) and without_celery_s_work(task, consumer)):
+    if not (isinstance(pool, SoloPool | ThreadsPool) and may_bypass_celery_request(task, consumer)):
         return celery_path
     revoked = consumer.controller.state.revoked
     handle, run_batch = handler_of(task, app, consumer), batch_runner(task, app, consumer)
@@ -111,7 +111,7 @@ def handler_of(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], 
     return handle
 
 
-def without_celery_s_work(task: Any, consumer: Any) -> bool:
+def may_bypass_celery_request(task: Any, consumer: Any) -> bool:
     """May ``task``'s messages skip Celery's per-message work (nothing configured relies on it)?"""
     eventer = consumer.event_dispatcher
     return task.acks_late and not task.rate_limit and not (eventer and eventer.enabled and task.send_events)

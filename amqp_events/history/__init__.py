@@ -1,7 +1,7 @@
 """The event history: every fired event kept in a RabbitMQ stream, searched and replayed (``amqp_events_history``)."""
 
 from amqp_events.history.records import HistoricEvent, Query, parse_where, topic_matches
-from amqp_events.history.replay import Cursor, HistoryReplay, ReplayReport
+from amqp_events.history.replay import Cursor, HistoryReplay, HistoryReplayReport
 from amqp_events.history.search import History, Stats
 
 __all__ = [
@@ -9,8 +9,8 @@ __all__ = [
     "HistoricEvent",
     "History",
     "HistoryReplay",
+    "HistoryReplayReport",
     "Query",
-    "ReplayReport",
     "Stats",
     "parse_where",
     "topic_matches",

@@ -77,7 +77,7 @@ class Cursor:
 
 
 @dataclass
-class ReplayReport:
+class HistoryReplayReport:
     replay: str
     #: Events sent to the service's queues (this run and earlier runs of the same replay).
     replayed: int = 0
@@ -118,7 +118,7 @@ class HistoryReplay:
         """The handlers it replays to that would run an event again (no inbox remembers what they did)."""
         return [handler for handler in self.targets.values() if handler.dedup is None and handler.inbox is None]
 
-    def run(self, progress: Progress | None = None) -> ReplayReport:
+    def run(self, progress: Progress | None = None) -> HistoryReplayReport:
         """Replay; ``progress(offset, end)`` is called as the reading goes through the history."""
         context = self.context
         transport = context.transport
@@ -130,10 +130,10 @@ class HistoryReplay:
         transport.declare(gates.without_live_events(topology))
         cursor = None if self.restart else read_cursor(context)
         if cursor is not None and cursor.resumes(self.query, self.handler):
-            report = ReplayReport(cursor.replay, cursor.replayed, resumed_from=cursor.next)
+            report = HistoryReplayReport(cursor.replay, cursor.replayed, resumed_from=cursor.next)
             start: int | datetime = cursor.next or 0
         else:
-            report = ReplayReport(uuid.uuid4().hex[:12])
+            report = HistoryReplayReport(uuid.uuid4().hex[:12])
             start = start_of(self.query)
         report.partitions_existed = existed
         logger.warning(
@@ -161,7 +161,7 @@ class HistoryReplay:
         self,
         batch: BatchPublisher,
         start: int | datetime,
-        report: ReplayReport,
+        report: HistoryReplayReport,
         progress: Progress | None,
     ) -> None:
         began, sent = time.monotonic(), 0
@@ -188,7 +188,7 @@ class HistoryReplay:
         report.replayed += batches.confirmed()
         self._record(report, next_offset, done=True)
 
-    def _record(self, report: ReplayReport, next_offset: int | None, done: bool) -> None:
+    def _record(self, report: HistoryReplayReport, next_offset: int | None, done: bool) -> None:
         cursor = Cursor(report.replay, _query_record(self.query), self.handler, next_offset, report.replayed, done)
         body = json.dumps(asdict(cursor)).encode("utf-8")
         message = OutgoingMessage(*to_queue(self.cursor_queue), {}, body, report.replay, "application/json", "utf-8")
