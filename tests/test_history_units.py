@@ -8,7 +8,7 @@ import pytest
 
 from amqp_events.core.transport import StoredMessage
 from amqp_events.history import HistoricEvent, Query, parse_where, topic_matches
-from amqp_events.history.replay import Cursor
+from amqp_events.history.replay import Cursor, ahead_of_rate
 from amqp_events.ordering.sequences import Gate, Sequence, through_gate, without_gate_marks
 from amqp_events.settings import Settings
 from amqp_events.topology import service_topology
@@ -169,3 +169,10 @@ def test_the_gate_s_release_marks_are_not_its_key_s():
     assert without_gate_marks(gate, released) == {"id": "e1"}
     behind_a_key = {"id": "e1", RELEASED_BEHIND: "head", RELEASED_LAST: True}
     assert without_gate_marks(gate, behind_a_key) == behind_a_key
+
+
+def test_a_replay_keeps_to_its_rate_and_never_asks_for_a_negative_wait():
+    assert ahead_of_rate(400, 400.0, 0.5) == pytest.approx(0.5)  # a second's worth sent in half a second
+    assert ahead_of_rate(400, 400.0, 1.0) == 0.0
+    assert ahead_of_rate(400, 400.0, 7.0) == 0.0  # behind (a busy machine): no wait, never a negative one
+    assert ahead_of_rate(10_000, 0.0, 0.0) == 0.0  # no rate: as fast as the broker confirms

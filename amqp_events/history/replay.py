@@ -180,8 +180,9 @@ class HistoryReplay:
                 if handler.ordered or not batches.add(handler, copy):
                     batches.publish_alone(copy)
                 sent += 1
-                if self.rate and sent > (time.monotonic() - began) * self.rate:
-                    time.sleep(sent / self.rate - (time.monotonic() - began))
+                pause = ahead_of_rate(sent, self.rate, time.monotonic() - began)
+                if pause:
+                    time.sleep(pause)
                 if sent % CHECKPOINT == 0:
                     report.replayed += batches.confirmed()
                     self._record(report, next_offset, done=False)
@@ -197,6 +198,12 @@ class HistoryReplay:
 
     def _ordered_events(self) -> list[str]:
         return [event for event, handler in self.context.handlers.items() if handler.ordered]
+
+
+def ahead_of_rate(sent: int, rate: float, elapsed: float) -> float:
+    """Seconds to wait so that ``sent`` events in ``elapsed`` seconds keep to ``rate`` per second (0: none, or no
+    rate). Never negative: the clock read once (read twice, a busy machine made the wait a negative sleep)."""
+    return max(0.0, sent / rate - elapsed) if rate else 0.0
 
 
 def read_cursor(context: ServiceContext) -> Cursor | None:
