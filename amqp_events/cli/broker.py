@@ -12,7 +12,7 @@ from click.core import ParameterSource
 
 from amqp_events.cli.context import expecting
 from amqp_events.errors import LocalServerError
-from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, registry, running_elsewhere, started_in
+from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, nodes_of, registry, running_elsewhere, started_in
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.local.installation import DEBIAN_RELEASES, find, install, installed
@@ -95,10 +95,6 @@ def broker_start(directory: Path, port: int | None, nodes: int, rabbitmq: str | 
         if node.state is not None:  # found from any directory (the console, `topology check`, `broker status`)
             registry.remember(node.state.amqp_port, directory)
     describe(started)
-
-
-def nodes_of(started: LocalBroker | LocalCluster) -> list[LocalBroker]:
-    return started.nodes if isinstance(started, LocalCluster) else [started]
 
 
 @broker.command("stop")

@@ -204,5 +204,5 @@ def _pydantic_payload(instance: Any) -> dict[str, Any]:
 def argument_names(fireable: Any) -> tuple[str, ...]:
     """The names of a declared event's arguments (what ``@app.event`` made), in order."""
     if isinstance(fireable, Event):
-        return tuple(inspect.signature(fireable.validate).parameters)
+        return tuple(fireable._signature.parameters)
     return tuple(sorted(field_names(fireable))) if isinstance(fireable, type) else ()

@@ -45,10 +45,13 @@ def running_elsewhere() -> list[LocalBroker | LocalCluster]:
     return list(found.values())
 
 
+def nodes_of(started: LocalBroker | LocalCluster) -> list[LocalBroker]:
+    """The nodes of what was started: a cluster's, or the single node itself."""
+    return started.nodes if isinstance(started, LocalCluster) else [started]
+
+
 def _node_serving(directory: Path, port: int) -> LocalBroker | None:
-    started = started_in(directory)
-    nodes = started.nodes if isinstance(started, LocalCluster) else [started]
-    for node in nodes:
+    for node in nodes_of(started_in(directory)):
         if node.state is not None and node.state.amqp_port == port and node.is_running():
             return node
     return None
