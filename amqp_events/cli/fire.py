@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import inspect
 import json
 from collections.abc import Sequence, Set
 from typing import Any
@@ -13,6 +11,7 @@ import click
 
 from amqp_events.cli.context import Context, one_line_errors, pass_context
 from amqp_events.core.context import Firing, Middleware
+from amqp_events.core.events import argument_annotations
 
 
 @click.command()
@@ -95,13 +94,7 @@ def text_arguments(declared: Any) -> set[str]:
     """The arguments a declared event takes as ``str``: ``--arg amount=10.00`` gives them the text as typed."""
     if declared is None:
         return set()
-    if not isinstance(declared, type):
-        hints = {name: p.annotation for name, p in inspect.signature(declared.validate).parameters.items()}
-    elif dataclasses.is_dataclass(declared):
-        hints = {field.name: field.type for field in dataclasses.fields(declared)}
-    else:  # a pydantic model
-        hints = {name: field.annotation for name, field in getattr(declared, "model_fields", {}).items()}
-    return {name for name, hint in hints.items() if hint in (str, "str")}
+    return {name for name, hint in argument_annotations(declared).items() if hint in (str, "str")}
 
 
 def parse_payload(

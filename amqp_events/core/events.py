@@ -206,3 +206,13 @@ def argument_names(fireable: Any) -> tuple[str, ...]:
     if isinstance(fireable, Event):
         return tuple(fireable._signature.parameters)
     return tuple(sorted(field_names(fireable))) if isinstance(fireable, type) else ()
+
+
+def argument_annotations(fireable: Any) -> dict[str, Any]:
+    """The annotation of each argument (or field) of a declared event, as written (a string under
+    ``from __future__ import annotations``)."""
+    if isinstance(fireable, Event):
+        return {name: parameter.annotation for name, parameter in fireable._signature.parameters.items()}
+    if dataclasses.is_dataclass(fireable):
+        return {field.name: field.type for field in dataclasses.fields(fireable)}
+    return {name: field.annotation for name, field in getattr(fireable, "model_fields", {}).items()}
