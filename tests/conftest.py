@@ -40,6 +40,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.database)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Fail a grouped test that pytest-xdist did not group (it marks a grouped test's id ``...@group``): the tests
+    of one group share what only one process may hold (a cluster, a fixed port)."""
+    grouped = getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group")
+    if grouped and "@" not in item.nodeid:
+        pytest.fail("pytest-xdist ignored this test's xdist_group (see the pytest pin in pyproject.toml)")
+
+
 class Records:
     """The JSON lines test handlers append to ``$RECORD_FILE``."""
 

@@ -196,7 +196,8 @@ def test_expected_failures_are_one_line_and_a_non_zero_status(cli):
     assert len(missing.output.strip().splitlines()) == 1
 
 
-@pytest.mark.broker  # starts a node of its own
+@pytest.mark.broker  # starts a node of its own, on port 5672 when it is free:
+@pytest.mark.xdist_group("guides")  # in the test process of the guides tier, which needs that port
 def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
     directory = str(tmp_path / "node")
 
@@ -216,6 +217,7 @@ def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
 
 
 @pytest.mark.broker  # starts a node of its own, in the default directory under the current one
+@pytest.mark.xdist_group("guides")  # port 5672 when it is free, which the guides tier needs
 def test_commands_run_against_the_local_broker_find_it_and_its_management_api(tmp_path, monkeypatch):
     """From the directory `broker start` ran in, and from any other (its note in the user's cache)."""
     monkeypatch.chdir(tmp_path)

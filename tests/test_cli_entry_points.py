@@ -13,11 +13,12 @@ from amqp_events.cli import main
 
 TESTS = Path(__file__).parent
 #: What runs the installed ``amqp-events`` in a test's source: the ``cli_process`` fixture, or its path.
-ENTRY_POINT = re.compile(r"(cli_process\(|AMQP_EVENTS, |/ \"amqp-events\"\))")
+#: (The guides tier runs a page's line from the page's virtualenv: ``guide.run(guide.line("amqp-events ...``.)
+ENTRY_POINT = re.compile(r"(cli_process\(|AMQP_EVENTS, |/ \"amqp-events\"\)|run\(\w+\.line\(\"amqp-events )")
 #: Commands a test runs with words it does not spell out: as a page prints them, or through a helper of the test
 #: that runs the entry point with its arguments (what must be in that test module's source to show it).
 SPELLED_ELSEWHERE = {
-    ("outbox", "init"): ("test_docs.py", 'startswith("amqp-events -A shop.celery outbox")'),
+    ("outbox", "init"): ("guides/test_pages_with_extras.py", 'line("amqp-events -A shop.celery outbox init")'),
     **{("broker", word): ("test_cluster.py", f'run("{word}"') for word in ("kill", "restart", "partition", "heal")},
 }
 
@@ -35,11 +36,11 @@ def commands(command: click.Command = main, path: tuple[str, ...] = ()) -> list[
 def sources() -> dict[str, str]:
     """The source of every function of the test suite (tests, fixtures, helpers), by ``file::name``."""
     found = {}
-    for path in sorted(TESTS.glob("*.py")):
+    for path in sorted(TESTS.rglob("*.py")):
         text = path.read_text()
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef | ast.ClassDef):
-                found[f"{path.name}::{node.name}"] = ast.get_source_segment(text, node) or ""
+                found[f"{path.relative_to(TESTS)}::{node.name}"] = ast.get_source_segment(text, node) or ""
     return found
 
 

@@ -177,6 +177,13 @@ def test_keys_older_than_the_retention_are_pruned_by_the_worker_and_the_cli(
     assert "pruned 1 key(s)" in pruned.output and keys() == 1
 
 
+def test_a_database_url_whose_driver_is_missing_is_a_one_line_error(cli_process):
+    for command in ("inbox", "outbox"):
+        done = cli_process(command, "init", "--db", "postgresql+psycopg2://shop@127.0.0.1/shop")
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "No module named 'psycopg2': the database URL's driver is not installed" in done.stderr
+
+
 def test_a_handler_with_an_inbox_must_take_its_handle():
     from amqp_events.inbox import Inbox
 

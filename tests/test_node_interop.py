@@ -14,13 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from docs_pages import EXAMPLE_BROKER, named_blocks, write_blocks
+from process_helpers import printed
 
 from amqp_events import events_app
 from amqp_events.cli import main
@@ -55,21 +54,6 @@ def run_node(node: dict[str, str], script: str, *args: str, timeout: float = 60)
     )
     assert done.returncode == 0, f"node {script} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
-
-
-def printed(process: subprocess.Popen[str], count: int, timeout: float) -> list[str]:
-    """The next ``count`` lines ``process`` prints, waiting at most ``timeout`` seconds for them."""
-    lines: list[str] = []
-
-    def read() -> None:
-        assert process.stdout is not None
-        lines.extend(process.stdout.readline().strip() for _ in range(count))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    assert len(lines) == count, f"{process.args} printed {lines} in {timeout:g}s, not {count} lines"
-    return lines
 
 
 @pytest.mark.parametrize("mode", ["binary", "structured"])
@@ -162,38 +146,3 @@ def test_the_asyncapi_documents_of_the_demo_services_pass_the_asyncapi_parser(no
             assert counts["channels"] > 0 and counts["operations"] > 0, report
             assert not [line for line in report[:-1] if json.loads(line)["severity"] <= 1], report  # nor warnings
         sys.modules.pop(service, None)
-
-
-def page_scripts() -> dict[str, str]:
-    """The pages' JavaScript blocks, by the file name on their first line."""
-    return {name: body for _, name, body in named_blocks("javascript", "//")}
-
-
-def test_the_node_examples_work_as_written(node, tmp_path, broker_url, start_worker):
-    write_blocks(tmp_path, broker_url, "orders/celery.py", "orders/handlers.py", "billing/celery.py")
-    scripts = page_scripts()
-    assert set(scripts) == {"fire-invoice.js", "read-invoices.js"}
-    for name, body in scripts.items():
-        (tmp_path / name).write_text(body.replace(EXAMPLE_BROKER, broker_url))
-    orders = start_worker("orders.celery", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
-    wait_for(lambda: "ready" in orders.log(), 30, what="the orders worker")
-    subprocess.run(["node", "fire-invoice.js"], cwd=tmp_path, env=node, check=True, timeout=60)
-    wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders handling the Node event")
-
-    reader = subprocess.Popen(
-        ["node", "read-invoices.js"], cwd=tmp_path, env=node, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        assert printed(reader, 1, timeout=30) == ["waiting for invoices"]
-        fire = "from billing.celery import invoice_paid as paid; paid(7, '7.00'); paid.fire((8, '8.00'), countdown=1)"
-        subprocess.run([sys.executable, "-c", fire], cwd=tmp_path, check=True, timeout=60)
-        lines = printed(reader, 2, timeout=30)
-    finally:
-        reader.kill()
-        reader.wait(timeout=10)
-    assert [line.split(": ", 1)[1] for line in lines] == [
-        '{"invoice_id":7,"amount":"7.00"}',
-        '{"invoice_id":8,"amount":"8.00"}',
-    ]
-    assert all(line.startswith("billing.invoice.paid ") and " from billing at " in line for line in lines)
-    wait_for(lambda: "invoice 8 paid: 8.00" in orders.log(), 30, what="orders handling billing's CloudEvents too")

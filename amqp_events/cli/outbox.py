@@ -45,13 +45,18 @@ def database_errors(command: F) -> F:
             from sqlalchemy.exc import SQLAlchemyError
         except ImportError:
             raise click.ClickException(
-                "the outbox needs SQLAlchemy: pip install 'celery-amqp-events[sqlalchemy]'"
+                "the outbox and the SQL inbox need SQLAlchemy: pip install 'celery-amqp-events[sqlalchemy]'"
             ) from None
 
         try:
             return command(*args, **kwargs)
         except (SQLAlchemyError, RelayConflict) as exc:
             raise click.ClickException(first_line(exc)) from None
+        except ModuleNotFoundError as exc:  # the URL's database driver (SQLAlchemy imports it on first use)
+            raise click.ClickException(
+                f"{exc}: the database URL's driver is not installed "
+                "(PostgreSQL: pip install 'celery-amqp-events[postgres]')"
+            ) from None
 
     return one_line_errors(wrapper)  # type: ignore[return-value]
 

@@ -1,6 +1,6 @@
 """A private, throwaway PostgreSQL cluster (development and tests only).
 
-``initdb`` into a directory of its own, ``pg_ctl start`` on a free port of
+``initdb`` into a directory of its own, ``pg_ctl start`` on a free port (or the one given) of
 127.0.0.1 with its socket in that directory, stopped by PID. PostgreSQL
 refuses to run as root: when this process is root, its commands run as the
 ``postgres`` user of the Debian package, and the directory is given to it.
@@ -43,11 +43,11 @@ class LocalPostgres:
     ...     engine = sqlalchemy.create_engine(postgres.url("shop"))
     """
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         self.bin = postgres_bin()
         # Not below a test's tmp_path: the postgres user must be able to reach it.
         self.directory = Path(tempfile.mkdtemp(prefix="amqp-events-postgres-"))
-        self.port = free_port()
+        self.port = port or free_port()
         self.pid = 0
         self._as_postgres = os.geteuid() == 0
 
@@ -75,10 +75,15 @@ class LocalPostgres:
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
         return self
 
-    def create_database(self, name: str) -> str:
-        """Create database ``name``; returns its URL."""
-        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
-        return self.url(name)
+    def create_database(self, name: str, owner: str | None = None) -> str:
+        """Create database ``name`` (owned by a new role ``owner``, which logs in without a password); its URL."""
+        server = ("-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres")
+        if owner is None:
+            self._run("createdb", *server, name)
+            return self.url(name)
+        self._run("createuser", *server, owner)
+        self._run("createdb", *server, "-O", owner, name)
+        return self.url(name).replace("postgres@", f"{owner}@", 1)
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the cluster (SIGKILL after ``timeout``) and remove its directory."""

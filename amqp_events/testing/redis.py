@@ -1,6 +1,6 @@
 """A private, throwaway Redis server (development and tests only).
 
-``redis-server`` from Debian's package, on a free port of 127.0.0.1 with its
+``redis-server`` from Debian's package, on a free port (or the one given) of 127.0.0.1 with its
 own directory and no persistence, as a plain process stopped by PID.
 """
 
@@ -22,12 +22,12 @@ INSTALL_HINT = "Redis is not installed: install Debian's package with `sudo apt-
 class LocalRedis:
     """``with LocalRedis() as redis: redis.url`` (``redis://127.0.0.1:PORT/0``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         self.program = shutil.which("redis-server")
         if self.program is None:
             raise LocalServerError(INSTALL_HINT)
         self.directory = Path(tempfile.mkdtemp(prefix="amqp-events-redis-"))
-        self.port = free_port()
+        self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -1,0 +1,143 @@
+"""The pages that need nothing but the library: the README, getting started, firing, ordering, history,
+middleware, sections and breakers. Each runs as its reader runs it (see ``conftest.py``)."""
+
+from __future__ import annotations
+
+import http.server
+import re
+import sqlite3
+import threading
+
+import pytest
+from docs_pages import EXAMPLE_BROKER
+
+from amqp_events import events_app
+from amqp_events.testing import json_lines, wait_for
+
+#: How getting started runs a worker; the later pages take it as read.
+WORKER = "celery -A {} worker --without-mingle --without-heartbeat --without-gossip"
+
+pytestmark = [pytest.mark.guides, pytest.mark.xdist_group("guides")]  # the pages' ports: one process
+
+
+def test_the_readme_s_twenty_lines(guide):
+    readme = guide("README.md")
+    readme.write("shop.py")
+    shop = readme.worker(readme.line("celery -A shop worker"), "shop:billing.invoice.paid")
+    readme.run(readme.line("python -c "))
+    wait_for(lambda: "invoice 42 paid: 10.00" in shop.log(), 30, what="the handler's print, as the README says")
+
+
+def test_getting_started_s_two_services(guide):
+    start = guide("getting-started.md")
+    start.write("orders/celery.py", "orders/handlers.py", "shipping/celery.py", "fire.py")
+    orders = start.worker(WORKER.format("orders.celery"), "orders:billing.invoice.paid")
+    shipping = start.worker(WORKER.format("shipping.celery"), "shipping:billing.invoice.paid")
+    fired = start.run("python fire.py")
+    assert re.fullmatch(r"fired billing.invoice.paid [0-9a-f-]{36}\n", fired.stdout)
+    wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler")
+    wait_for(lambda: "courier booked for invoice 42" in shipping.log(), 30, what="shipping's handler")
+
+
+def test_firing_with_a_key(guide):
+    firing = guide("guides/firing.md")
+    firing.write("store/celery.py")
+    store = firing.worker("celery -A store.celery worker", "store:store.order.placed")  # nothing to --include
+    firing.python(
+        "from store.celery import order_placed", "order_placed(7, '12.50')", "order_placed(order_id=8, total='1')"
+    )
+    wait_for(lambda: "order 8 placed (key 8)" in store.log(), 30, what="the handler reading the key")
+    assert "order 7 placed (key 7)" in store.log()
+
+
+def test_ordered_handling(guide, producer):
+    ordering = guide("guides/ordering.md")
+    ordering.write("accounts/celery.py", "accounts/handlers.py")
+    accounts = ordering.worker(WORKER.format("accounts.celery"), "accounts.ordered.00")
+    for move in range(6):
+        for account_id in (1, 2, 3):
+            producer.fire("accounts.money.moved", kwargs={"account_id": account_id, "move": move, "amount": "1"},
+                          key=account_id)  # fmt: skip
+    for account_id in (1, 2, 3):
+        producer.fire("accounts.account.closed", kwargs={"account_id": account_id}, key=account_id)
+    wait_for(lambda: accounts.log().count(": closed") == 3, 60, what="every account closed")
+    for account_id in (1, 2, 3):
+        seen = re.findall(rf"account {account_id}: (move \d|closed)", accounts.log())
+        assert seen == [*(f"move {move}" for move in range(6)), "closed"]
+
+
+def test_a_read_model_catches_up_from_the_history(guide):
+    history = guide("guides/history.md")
+    history.write("reports/celery.py", "reports/handlers.py")
+    billing = events_app("billing", broker_url=EXAMPLE_BROKER, amqp_events_history=True)
+    billing.declare_topology()
+    for invoice in (1, 2, 3):  # before the reports service exists
+        billing.fire("billing.invoice.paid", [invoice, f"{invoice}.00"])
+    history.run(history.line("amqp-events -A reports.celery inbox init"))
+    replayed = history.run(history.line("amqp-events -A reports.celery history replay"))
+    assert "replayed 3 event(s) to reports" in replayed.stdout
+    history.worker(history.line("celery -A reports.celery worker"), "reports:billing.invoice.paid")
+    billing.fire("billing.invoice.paid", [4, "4.00"])  # live
+    billing.close()
+    database = sqlite3.connect(history.directory / "reports.sqlite3")
+
+    def paid() -> list[tuple[int, str]]:
+        return database.execute("select invoice_id, amount from paid_invoices order by invoice_id").fetchall()
+
+    wait_for(lambda: len(paid()) >= 4, 60, what="the read model caught up and live")
+    assert paid() == [(1, "1.00"), (2, "2.00"), (3, "3.00"), (4, "4.00")]
+    database.close()
+
+
+def test_a_middleware_audits_archived_events(guide, producer):
+    middleware = guide("guides/middleware.md")
+    middleware.write("audit/celery.py")
+    middleware.worker(WORKER.format("audit.celery"), "audit:billing.invoice.paid")
+    event_id = producer.fire("billing.invoice.paid", [42, "10.00"], {})
+    [line] = wait_for(lambda: json_lines(middleware.directory / "archived.jsonl"), 30, what="the audit line")
+    assert (line["service"], line["event"], line["id"], line["reason"]) == (
+        "audit", "billing.invoice.paid", event_id, "max_retries",
+    )  # fmt: skip
+
+
+class Bank(http.server.BaseHTTPRequestHandler):
+    """The bank API the breakers page's health check asks."""
+
+    def do_GET(self) -> None:  # the name http.server calls
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def bank_up(port: int = 0) -> http.server.HTTPServer:
+    server = http.server.HTTPServer(("127.0.0.1", port), Bank)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_health_check_pauses_a_handler_while_the_bank_is_down(guide, producer):
+    breakers = guide("guides/sections-and-breakers.md")
+    breakers.write("ledger/celery.py")
+    bank = bank_up()
+    port = bank.server_address[1]
+    paid, voided = "ledger:billing.invoice.paid", "ledger:billing.invoice.voided"
+    ledger = breakers.worker(WORKER.format("ledger.celery"), paid, voided, env={"BANK_URL": f"http://127.0.0.1:{port}"})
+
+    consumers = breakers.queue
+    bank.shutdown()
+    bank.server_close()
+    wait_for(lambda: consumers(paid)[1] == 0, 40, what="post_to_bank paused: the bank's API is unhealthy")
+    producer.fire("billing.invoice.paid", [42, "10.00"], {})
+    assert consumers(paid) == (1, 0)  # waiting on the broker, not in the worker
+    bank = bank_up(port)
+    wait_for(lambda: consumers(paid) == (0, 1), 40, what="post_to_bank resumed and the event handled")
+    bank.shutdown()
+    bank.server_close()
+    for action, count in (("open", 0), ("close", 1)):
+        # Replies wait the whole --wait; a loaded machine can take over 3 s.
+        done = breakers.run(f"amqp-events -A ledger.celery breakers {action} void_posting --wait 10")
+        assert f"{action}: 1 worker(s)" in done.stdout, done.stdout
+        assert consumers(voided)[1] == count
+    assert ledger.is_running()
