@@ -9,6 +9,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any
 
 #: An event key falls into one of this many slots (:func:`amqp_events.topology.names.slot_of`).
@@ -49,6 +50,13 @@ SETTING_PREFIX = "amqp_events_"
 HISTORY = "amqp_events_history"
 #: What a dict given as ``amqp_events_history`` may set.
 HISTORY_RETENTION = ("max_age", "max_bytes", "segment_bytes")
+BREAKER = "amqp_events_breaker"
+#: What a dict given as ``amqp_events_breaker`` may set (the fields of ``breakers.BreakerPolicy``, which checks
+#: their values when a worker makes its breakers).
+BREAKER_POLICY = (
+    "failures", "window", "ratio", "min_messages", "open_for", "growth", "open_max", "escalate_after",
+    "escalate_window", "calm_after",
+)  # fmt: skip
 _MAX_AGE = re.compile(r"^[1-9][0-9]*[YMDhms]$")
 
 
@@ -137,6 +145,10 @@ class Settings:
     history_max_bytes: int = 10 * 1024**3
     #: Bytes of one segment file: retention drops whole segments, so old events go in steps of this size.
     history_segment_bytes: int = 100 * 1024**2
+    #: A breaker for every handler of the service that does not say otherwise (``@app.handler(breaker=...)``):
+    #: True (the default policy) or a dict of the policy's fields (``failures``, ``window``, ``open_for``, ...);
+    #: None: only the handlers that ask for one have a breaker.
+    breaker: Mapping[str, Any] | bool | None = None
 
     @property
     def checks_shared_topology(self) -> bool:
@@ -179,6 +191,7 @@ class Settings:
             )
         if self.history_max_bytes < 0 or self.history_segment_bytes < 1:
             problems.append("history_max_bytes must be >= 0 (0: no bound) and history_segment_bytes >= 1")
+        problems.extend(_breaker_problems(self.breaker))
         if problems:
             raise ValueError("invalid amqp_events settings: " + "; ".join(problems))
 
@@ -190,13 +203,27 @@ class Settings:
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> Settings:
         """The settings from :func:`raw_settings` values (``None``: not given)."""
-        values = {}
+        values: dict[str, Any] = {}
         raw = _with_history_expanded(raw)
-        for field in fields(cls):
-            key = SETTING_PREFIX + field.name
-            if raw.get(key) is not None:
-                values[field.name] = _coerce(field.type, raw[key], key)
+        for setting in fields(cls):
+            key = SETTING_PREFIX + setting.name
+            if raw.get(key) is None:
+                continue
+            given = raw[key]
+            if key == BREAKER:  # a dict or a flag, checked by __post_init__ and kept read-only
+                values["breaker"] = MappingProxyType(dict(given)) if isinstance(given, Mapping) else given
+            else:
+                values[setting.name] = _coerce(setting.type, given, key)
         return cls(**values)
+
+
+def _breaker_problems(breaker: Any) -> list[str]:
+    if breaker is None or isinstance(breaker, bool):
+        return []
+    if not isinstance(breaker, Mapping):
+        return [f"breaker must be True, False or a dict of {', '.join(BREAKER_POLICY)}, not {breaker!r}"]
+    unknown = sorted(map(str, set(breaker) - set(BREAKER_POLICY)))
+    return [f"breaker has unknown key(s) {', '.join(unknown)}: it takes {', '.join(BREAKER_POLICY)}"] if unknown else []
 
 
 def _with_history_expanded(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -215,7 +242,7 @@ def _with_history_expanded(raw: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def raw_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
     """Every ``amqp_events_*`` key of :class:`Settings` with its value in ``conf``, as given."""
-    return {SETTING_PREFIX + field.name: conf.get(SETTING_PREFIX + field.name) for field in fields(Settings)}
+    return {SETTING_PREFIX + setting.name: conf.get(SETTING_PREFIX + setting.name) for setting in fields(Settings)}
 
 
 def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:

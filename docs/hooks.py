@@ -59,9 +59,9 @@ def settings_table() -> str:
             continue
         field = FIELD.match(line)
         if field:
-            default = field["default"].replace("|", "\\|")
+            default, kind = (field[part].strip().replace("|", "\\|") for part in ("default", "type"))
             rows.append(
-                f"| `{settings.SETTING_PREFIX}{field['name']}` | `{field['type'].strip()}` | `{default}` | "
+                f"| `{settings.SETTING_PREFIX}{field['name']}` | `{kind}` | `{default}` | "
                 f"{' '.join(comment)} |"
             )
         comment = []

@@ -48,6 +48,19 @@ def test_bad_values_are_clear_errors(monkeypatch):
         Settings(max_retries=-1)
 
 
+def test_the_app_wide_breaker_is_a_setting_checked_when_the_settings_are_read():
+    settings = events_app("ledger", amqp_events_breaker={"failures": 5, "open_for": 10}).events_settings
+    assert dict(settings.breaker) == {"failures": 5, "open_for": 10}
+    with pytest.raises(TypeError):
+        settings.breaker["failures"] = 1  # read-only, as the rest of the settings
+    with pytest.raises(ValueError, match=r"breaker has unknown key\(s\) failure: it takes failures, window"):
+        _ = events_app("ledger", amqp_events_breaker={"failure": 5}).events_settings
+    with pytest.raises(ValueError, match="invalid breaker policy"):
+        _ = events_app("ledger", amqp_events_breaker={"failures": 0}).events_settings
+    assert events_app("ledger", amqp_events_breaker=True).events_settings.breaker is True
+    assert events_app("ledger").events_settings.breaker is None
+
+
 def test_settings_may_change_until_the_app_first_needs_them_then_changes_raise():
     app = events_app("orders", amqp_events_max_retries=2)
     app.conf.amqp_events_max_retries = 4

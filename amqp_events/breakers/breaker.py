@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -70,7 +71,7 @@ class BreakerPolicy:
 
     @classmethod
     def of(
-        cls, value: BreakerPolicy | dict[str, Any] | bool | None, default: BreakerPolicy | None
+        cls, value: BreakerPolicy | Mapping[str, Any] | bool | None, default: BreakerPolicy | None
     ) -> BreakerPolicy | None:
         """A handler's ``breaker=`` option: a policy, a dict of fields over ``default``, True/False, or None
         (the app's ``default``: no breaker unless ``amqp_events_breaker`` configures one)."""
@@ -80,7 +81,7 @@ class BreakerPolicy:
             return None
         if value is True:
             return default or cls()
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):
             base = default or cls()
             return cls(**{**base.__dict__, **value})
         return value

@@ -80,14 +80,13 @@ class EventsApp(EventsCelery):
     def events_settings(self) -> Settings:
         """The ``amqp_events_*`` settings, read from ``app.conf`` the first time they are needed.
 
-        That is the first fire (or batch), the first use of the topology (a
-        worker, when it starts), or the first read of this property. After
-        that, changing one of them raises :class:`~amqp_events.SettingsFrozen`.
-        """
+        That is the first fire (or batch), the first use of the topology (a worker, when it starts), or the
+        first read of this property. After that, changing one raises :class:`~amqp_events.SettingsFrozen`."""
         if self._settings is None:
             raw = raw_settings(self.conf)
             check_broker_url(self.conf.broker_url)
             self._settings = Settings.from_raw(raw)
+            BreakerPolicy.of(self._settings.breaker, None)  # its values checked now, not when a worker starts
             self.freeze_settings(raw, f"at {SYSTEM_CLOCK.now():%H:%M:%S} UTC, when they were first needed")
         return self._settings
 

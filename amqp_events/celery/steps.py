@@ -82,7 +82,7 @@ class BreakerState(bootsteps.Step):  # type: ignore[misc]
         super().__init__(parent, **kwargs)
         app = parent.app
         context = app.context
-        default = BreakerPolicy.of(app.conf.get("amqp_events_breaker"), None)
+        default = BreakerPolicy.of(app.events_settings.breaker, None)
         # Breakers pause a handler's own queue; ordered handlers share their service's partitions.
         unordered = [handler for handler in context.handlers.values() if not handler.ordered]
         breakers = WorkerBreakers(context.name, unordered, default, app.health_checks)
