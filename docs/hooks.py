@@ -61,8 +61,7 @@ def settings_table() -> str:
         if field:
             default, kind = (field[part].strip().replace("|", "\\|") for part in ("default", "type"))
             rows.append(
-                f"| `{settings.SETTING_PREFIX}{field['name']}` | `{kind}` | `{default}` | "
-                f"{' '.join(comment)} |"
+                f"| `{settings.SETTING_PREFIX}{field['name']}` | `{kind}` | `{default}` | {' '.join(comment)} |"
             )
         comment = []
     environment = "".join(

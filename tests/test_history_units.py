@@ -6,13 +6,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from amqp_events.core.transport import StoredMessage
 from amqp_events.history import HistoricEvent, Query, parse_where, topic_matches
 from amqp_events.history.replay import Cursor, ahead_of_rate
 from amqp_events.ordering.sequences import Gate, Sequence, through_gate, without_gate_marks
 from amqp_events.settings import Settings
 from amqp_events.topology import service_topology
 from amqp_events.topology.history import max_age_seconds
+from amqp_events.transport.base import StoredMessage
 from amqp_events.wire.message import JSON, event_envelope, json_body
 from amqp_events.wire.parking import HISTORY_REPLAY, HOLD_LIVE, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
 

@@ -1,4 +1,4 @@
-"""The Celery adapter: everything that subclasses, overrides or reads Celery, kombu or py-amqp internals.
+"""The Celery adapter: everything that subclasses, overrides or reads Celery's internals.
 
 The documented entry point is ``from amqp_events.celery import events_app``.
 
@@ -11,7 +11,6 @@ The documented entry point is ``from amqp_events.celery import events_app``.
   the worker's consumer, the messages it admits, its event loop;
 * :mod:`~amqp_events.celery.request`: lost pool processes, counted exactly;
 * :mod:`~amqp_events.celery.steps`, :mod:`~amqp_events.celery.control`: worker steps and remote control;
-* :mod:`~amqp_events.celery.rabbitmq`, :mod:`~amqp_events.celery.publisher`: the transport on RabbitMQ;
 * :mod:`~amqp_events.celery.outbox`: an app's outbox; :mod:`~amqp_events.celery.signals`: ``outcome_settled``;
 * :mod:`~amqp_events.celery.inline`: one message run in the caller's thread (the in-process mode).
 

@@ -23,7 +23,6 @@ from amqp_events.celery import control
 from amqp_events.celery.conf import EventsCelery, check_broker_url
 from amqp_events.celery.handlers import EventDecorator, HandlerDecorator
 from amqp_events.celery.partitions import Partitions
-from amqp_events.celery.rabbitmq import RabbitMQ
 from amqp_events.celery.signals import SettledSignal
 from amqp_events.celery.steps import BreakerControl, BreakerState, Heartbeat, InboxPruning, MetricsEndpoint
 from amqp_events.celery.task import CONTROL_FLOW
@@ -32,13 +31,14 @@ from amqp_events.core import firing
 from amqp_events.core.context import Middleware, Middlewares, ServiceContext
 from amqp_events.core.events import EventKey, argument_names
 from amqp_events.core.handler import Handler
-from amqp_events.core.transport import Transport
 from amqp_events.history import History
 from amqp_events.inbox.base import DedupStore, TransactionalInbox
 from amqp_events.middleware import standard_middleware
 from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
 from amqp_events.topology import Topology, check_service_name
 from amqp_events.topology.names import control_namespace
+from amqp_events.transport.base import Transport
+from amqp_events.transport.rabbitmq import RabbitMQ
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import OutgoingMessage
 

@@ -29,7 +29,6 @@ from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.outcome import Redeliver, SendToArchive
 from amqp_events.core.settle import publish_routed
-from amqp_events.core.transport import StoredMessage
 from amqp_events.errors import BadArguments
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.ordering.parking import Parking
@@ -37,6 +36,7 @@ from amqp_events.ordering.sequences import Action
 from amqp_events.ordering.timers import Timers
 from amqp_events.topology import ordered_exchange_name
 from amqp_events.topology.names import intake_queue_name, slot_of
+from amqp_events.transport.base import StoredMessage
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, Reason, event_key
 from amqp_events.wire.parking import RELEASED_BEHIND, RELEASED_LAST
 

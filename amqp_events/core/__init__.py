@@ -10,6 +10,7 @@ Everything here works from a :class:`~amqp_events.core.context.ServiceContext`
 * :mod:`~amqp_events.core.outcome`: what becomes of a message (pure), by the rules of
   :mod:`~amqp_events.core.policy` and the sections of :mod:`~amqp_events.core.sections`;
 * :mod:`~amqp_events.core.settle`: carrying an outcome out;
-* :mod:`~amqp_events.core.handler`, :mod:`~amqp_events.core.delivery`: a handler and a message, as the core sees them;
-* :mod:`~amqp_events.core.transport`: what the core asks of a broker.
+* :mod:`~amqp_events.core.handler`, :mod:`~amqp_events.core.delivery`: a handler and a message, as the core sees them.
+
+What the core asks of a broker is :class:`amqp_events.transport.base.Transport`.
 """

@@ -27,9 +27,9 @@ from amqp_events.core.delivery import Delivery, Received, Running
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Handling, Outcome
 from amqp_events.core.policy import RetryPolicy
-from amqp_events.core.transport import Transport
 from amqp_events.settings import Settings
 from amqp_events.topology import Topology, service_topology
+from amqp_events.transport.base import Transport
 from amqp_events.wire.message import OutgoingMessage
 
 M = TypeVar("M", bound="Middleware")

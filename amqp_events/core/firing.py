@@ -17,8 +17,6 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, Protocol
 
-from amqp.exceptions import NotFound
-
 from amqp_events.core.context import Firing, ServiceContext
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import check_event_name, delays
@@ -100,7 +98,7 @@ def fire(
         routed = context.transport.publish(message)
     except Exception as exc:
         fired(firing, "error", exc)
-        if isinstance(exc, NotFound):
+        if isinstance(exc, TopologyMissing):
             raise TopologyMissing(_NO_LADDER.format(event=event)) from exc
         raise
     fired(firing, "confirmed" if routed else "unroutable")

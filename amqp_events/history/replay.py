@@ -29,12 +29,12 @@ from typing import Any
 
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.handler import Handler
-from amqp_events.core.transport import BatchPublisher
 from amqp_events.errors import BadArguments, PublishError, TopologyMissing
 from amqp_events.history import gates
 from amqp_events.history.records import HistoricEvent, NamesOf, Query, events_in, start_of
 from amqp_events.topology import service_topology
 from amqp_events.topology.names import HISTORY_STREAM, history_cursor_queue_name, slot_of, to_queue
+from amqp_events.transport.base import BatchPublisher
 from amqp_events.wire import batch
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, JSON, OutgoingMessage, copy_headers, event_key
 from amqp_events.wire.parking import HISTORY_REPLAY

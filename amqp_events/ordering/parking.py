@@ -6,7 +6,7 @@ until it loses the partition. It reads the queue when it first takes a
 message of the partition (after each connection), then keeps it up to date
 itself. A marker message per parked key gives the head's id; the events
 behind it follow in order. Reads take every message and give back those
-not removed, in their order (:meth:`~amqp_events.core.transport.Transport.browse`).
+not removed, in their order (:meth:`~amqp_events.transport.base.Transport.browse`).
 
 A history replay to the ordered handlers closes a *gate* in each partition
 before any live event can reach it (:mod:`amqp_events.history.replay`):
@@ -28,10 +28,10 @@ from typing import Any
 
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.settle import publish_routed
-from amqp_events.core.transport import StoredMessage
 from amqp_events.metrics import record_parked_keys
 from amqp_events.ordering.sequences import GATE, Action, Gate, Sequence, decide, through_gate, without_gate_marks
 from amqp_events.topology.names import parked_queue_of, to_queue
+from amqp_events.transport.base import StoredMessage
 from amqp_events.wire.message import EVENT_KEY, OutgoingMessage
 from amqp_events.wire.parking import HELD_LIVE, HOLD_LIVE, PARKED_HEAD, PARKED_SEQ, RELEASED_BEHIND, RELEASED_LAST
 

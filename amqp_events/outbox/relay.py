@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 from amqp.exceptions import ChannelError, PreconditionFailed
 
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.transport import BatchPublisher
 from amqp_events.errors import RelayConflict
 from amqp_events.metrics import OutboxMetrics
 from amqp_events.outbox.store import OutboxRow, OutboxStore
 from amqp_events.topology import delays
+from amqp_events.transport.base import BatchPublisher
 from amqp_events.wire.message import OutgoingMessage
 
 if TYPE_CHECKING:

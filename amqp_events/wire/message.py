@@ -75,7 +75,7 @@ def parse_time(value: Any) -> datetime | None:
 
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
-    """A message ready for :mod:`amqp_events.celery.publisher`.
+    """A message ready for :mod:`amqp_events.transport.publisher`.
 
     ``body`` is serialised as JSON unless ``content_type`` is given, in which
     case it must already be ``bytes`` (archived copies keep the original bytes).

@@ -17,7 +17,7 @@ broker), and their handlers run. What a handler's message goes through is
 the real thing: JSON encoding and decoding by kombu, the consumer's checks,
 Celery's request and trace, the library's handling pipeline and outcome rules
 (retries, their backoff and counts, the archive and its record). What is
-simulated is only the broker (:mod:`amqp_events.celery.memory`, built from
+simulated is only the broker (:mod:`amqp_events.transport.memory`, built from
 the same topology a worker declares) and time: delays and retries wait on
 :attr:`InProcess.clock`, which the test moves on.
 
@@ -40,7 +40,6 @@ from kombu.serialization import loads
 from amqp_events.archive import Archive, ArchivedMessage
 from amqp_events.celery import EventsApp
 from amqp_events.celery.inline import InlineWorker
-from amqp_events.celery.memory import Envelope, MemoryBroker
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
 from amqp_events.errors import NotModelled, Refused, UnhandledEvent
@@ -50,6 +49,7 @@ from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock
 from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
 from amqp_events.topology import delays
 from amqp_events.topology.names import is_direct_exchange, to_queue
+from amqp_events.transport.memory import Envelope, MemoryBroker
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import JSON, OutgoingMessage, event_id, event_name
 

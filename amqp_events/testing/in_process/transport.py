@@ -1,4 +1,4 @@
-"""The transport of the in-process mode's apps, over its broker in memory (:mod:`amqp_events.celery.memory`)."""
+"""The transport of the in-process mode's apps, over its broker in memory (:mod:`amqp_events.transport.memory`)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from amqp.exceptions import NotFound
 from kombu.serialization import dumps
 
-from amqp_events.celery.memory import Envelope, MemoryBroker, QueueFull
-from amqp_events.celery.publisher import exchange_to_declare
 from amqp_events.core.outcome import Redeliver
-from amqp_events.errors import PublishError
+from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import Topology
+from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
+from amqp_events.transport.publisher import exchange_to_declare
 from amqp_events.wire.message import OutgoingMessage
 
 
@@ -41,6 +42,8 @@ class InProcessTransport:
             routed = self.broker.publish(envelope)
         except QueueFull as exc:
             raise PublishError(f"the broker refused {message.event!r} (nack): {exc}") from exc
+        except NotFound as exc:  # as the RabbitMQ transport says it
+            raise TopologyMissing(str(exc)) from exc
         self.mode.published(message, envelope, routed)
         return routed
 

@@ -4,7 +4,7 @@ Everything a service sends or reads outside a worker's consumer goes through
 its transport (:attr:`~amqp_events.core.context.ServiceContext.transport`):
 fired events, batches and outbox rows, the copies a handler's outcome sends
 (retries, archived messages), and browsing the archive. On RabbitMQ it is
-:class:`amqp_events.celery.rabbitmq.RabbitMQ`; the in-process mode of
+:class:`amqp_events.transport.rabbitmq.RabbitMQ`; the in-process mode of
 :mod:`amqp_events.testing` gives an app a broker in memory instead.
 """
 
@@ -63,7 +63,8 @@ class Transport(Protocol):
     errors: tuple[type[BaseException], ...]
 
     def publish(self, message: OutgoingMessage) -> bool:
-        """Publish ``message`` with a confirm; ``False`` if no queue received it."""
+        """Publish ``message`` with a confirm; ``False`` if no queue received it; :class:`TopologyMissing` if its
+        exchange is not on the broker."""
 
     def batch(self, window: int) -> BatchPublisher:
         """A batch publisher with up to ``window`` confirms outstanding."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from kombu import Connection
 
-from amqp_events.core.transport import StoredMessage, StreamReading
+from amqp_events.transport.base import StoredMessage, StreamReading
 
 OFFSET = "x-stream-offset"
 #: Messages given out at a time (RabbitMQ's credit for the reading consumer).

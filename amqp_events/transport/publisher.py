@@ -13,10 +13,9 @@ import os
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 from amqp.exceptions import MessageNacked
-from celery import Celery
 from kombu import Connection, Exchange, Producer
 from kombu.exceptions import OperationalError
 from kombu.serialization import dumps
@@ -62,6 +61,13 @@ def exchange_to_declare(message: OutgoingMessage, passive: bool = False) -> Exch
     return Exchange(message.exchange, "topic", durable=True, auto_delete=False, passive=passive)
 
 
+class Connections(Protocol):
+    """Where the transport gets its kombu connections: an app (Celery's ``connection_for_write``), which reads
+    ``broker_url``, its failover hosts and its transport options."""
+
+    def connection_for_write(self, url: Any = None, **kwargs: Any) -> Connection: ...
+
+
 def checks_shared(app: Any) -> bool:
     """Does ``app`` only check the shared topology (its events exchange declared passively)?"""
     settings = getattr(app, "events_settings", None)
@@ -83,7 +89,7 @@ class Publisher:
     parent's socket.
     """
 
-    def __init__(self, app: Celery, timeout: float) -> None:
+    def __init__(self, app: Connections, timeout: float) -> None:
         self.app = app
         self.timeout = timeout
         self._local = threading.local()
@@ -211,7 +217,7 @@ class ConfirmedBatchPublisher:
     :class:`PublishError` lists what may be missing.
     """
 
-    def __init__(self, app: Celery, timeout: float, window: int = 2000) -> None:
+    def __init__(self, app: Connections, timeout: float, window: int = 2000) -> None:
         self.timeout, self.window = timeout, window
         self.passive = checks_shared(app)
         self.connection = app.connection_for_write(transport_options={"confirm_publish": False})

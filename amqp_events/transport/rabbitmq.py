@@ -1,4 +1,4 @@
-"""The transport of an app on RabbitMQ (``broker_url``): what :mod:`amqp_events.core.transport` asks of a broker."""
+"""The transport of an app on RabbitMQ (``broker_url``): what :mod:`amqp_events.transport.base` asks of a broker."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from amqp.exceptions import AccessRefused
-from celery import Celery
+from amqp.exceptions import AccessRefused, NotFound
 from kombu.exceptions import OperationalError
 
-from amqp_events.celery import streams
-from amqp_events.celery.publisher import ConfirmedBatchPublisher, Publisher
-from amqp_events.core.transport import Browsed, StoredMessage, StreamReading
-from amqp_events.errors import PermissionRefused, PublishError
+from amqp_events.errors import PermissionRefused, PublishError, TopologyMissing
 from amqp_events.topology import Topology
 from amqp_events.topology.declare import declare_topology
 from amqp_events.topology.retire import Retired, retire_topology
+from amqp_events.transport import streams
+from amqp_events.transport.base import Browsed, StoredMessage, StreamReading
+from amqp_events.transport.publisher import ConfirmedBatchPublisher, Connections, Publisher
 from amqp_events.wire.message import OutgoingMessage
 
 
@@ -28,7 +27,7 @@ class RabbitMQ:
     """Publishing with confirms through a connection per thread; declaring, browsing and counting through
     the app's connection pool."""
 
-    def __init__(self, app: Celery, publish_timeout: float) -> None:
+    def __init__(self, app: Connections, publish_timeout: float) -> None:
         self.app = app
         self.timeout = publish_timeout
         self.publisher = Publisher(app, publish_timeout)
@@ -39,7 +38,10 @@ class RabbitMQ:
         )
 
     def publish(self, message: OutgoingMessage) -> bool:
-        return self.publisher.publish(message)
+        try:
+            return self.publisher.publish(message)
+        except NotFound as exc:  # the exchange is not on the broker (the channel closed with 404)
+            raise TopologyMissing(str(exc)) from exc
 
     def batch(self, window: int) -> ConfirmedBatchPublisher:
         return ConfirmedBatchPublisher(self.app, self.timeout, window)
