@@ -34,7 +34,7 @@ from amqp_events.wire.message import OutgoingMessage
 
 M = TypeVar("M", bound="Middleware")
 #: A handler's call as middleware see it: the attempt, the positional and the keyword arguments.
-Run = Callable[["Attempt", tuple[Any, ...], dict[str, Any]], Any]
+HandlerCall = Callable[["Attempt", tuple[Any, ...], dict[str, Any]], Any]
 
 
 class Attempt:
@@ -57,7 +57,7 @@ class Attempt:
         call: Callable[..., Any] | None = None,
     ) -> None:
         self.context, self.delivery, self.handler, self.kind = context, delivery, handler, kind
-        #: The handler's own function (``run`` attempts): what the innermost :data:`Run` calls.
+        #: The handler's own function (``run`` attempts): what the innermost :data:`HandlerCall` calls.
         self.call = call
         self.state: dict[str, Any] = {}
         #: The outcome settled already while the handler ran (by ``self.retry()``).
@@ -126,7 +126,7 @@ class Middleware:
     def before_handle(self, attempt: Attempt) -> Outcome | None:
         return None
 
-    def wrap_run(self, context: ServiceContext, handler: Handler, run: Run) -> Run:
+    def wrap_run(self, context: ServiceContext, handler: Handler, run: HandlerCall) -> HandlerCall:
         return run
 
     def optional_failed(self, attempt: Attempt, section: str, error: BaseException) -> None:
@@ -178,7 +178,7 @@ class Middlewares:
     after_fire: tuple[Callable[[Firing, str, BaseException | None], None], ...]
     before_receive: tuple[Callable[[ServiceContext, Received], Received], ...]
     before_handle: tuple[Callable[[Attempt], Outcome | None], ...]
-    wrap_run: tuple[Callable[[ServiceContext, Handler, Run], Run], ...]
+    wrap_run: tuple[Callable[[ServiceContext, Handler, HandlerCall], HandlerCall], ...]
     optional_failed: tuple[Callable[[Attempt, str, BaseException], None], ...]
     before_settle: tuple[Callable[[Attempt, Outcome], Outcome], ...]
     after_handle: tuple[Callable[[Attempt, Outcome | None, BaseException | None], None], ...]
@@ -249,7 +249,7 @@ class ServiceContext:
         return {}
 
     @cached_property
-    def runs(self) -> dict[Handler, Run]:
+    def runs(self) -> dict[Handler, HandlerCall]:
         """Each handler's call as the middleware wrapped it (``wrap_run``), made on first use."""
         return {}
 

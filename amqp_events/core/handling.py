@@ -26,7 +26,7 @@ from typing import Any
 
 from amqp_events.clock import SYSTEM_CLOCK, start_reading, stop_reading
 from amqp_events.core import sections
-from amqp_events.core.context import Attempt, Run, ServiceContext
+from amqp_events.core.context import Attempt, HandlerCall, ServiceContext
 from amqp_events.core.delivery import Delivery, Received, Running, running, start_running, stop_running
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal, waiting_for_eta
@@ -168,14 +168,14 @@ def _run(attempt: Attempt) -> tuple[Outcome, Any]:
     return Ack(), result
 
 
-def _wrapped_run(context: ServiceContext, handler: Handler) -> Run:
+def _wrapped_run(context: ServiceContext, handler: Handler) -> HandlerCall:
     """``handler``'s call wrapped by the middleware (``wrap_run``, the first outermost), made once."""
 
     def call(attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         assert attempt.call is not None
         return attempt.call(*args, **kwargs)
 
-    run: Run = call
+    run: HandlerCall = call
     for wrap in reversed(context.middleware.wrap_run):
         run = wrap(context, handler, run)
     context.runs[handler] = run

@@ -18,7 +18,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.metrics import AVAILABLE as METRICS_AVAILABLE
 from amqp_events.metrics.serve import served_here
 from amqp_events.middleware.cloud_events import CloudEventsReader
-from amqp_events.middleware.inbox import Inbox
+from amqp_events.middleware.inbox import InboxMiddleware
 from amqp_events.middleware.logs import EventLog
 from amqp_events.middleware.metrics import FiringMetrics, HandlerMetrics
 from amqp_events.middleware.tracing import INSTALLED as TRACING_INSTALLED
@@ -37,6 +37,6 @@ def standard_middleware(settings: Settings, handlers: Iterable[Handler], version
         chosen.append(HandlerMetrics(settings.metrics_exception_labels) if served else FiringMetrics())
     chosen.append(CloudEventsReader())
     if any(handler.inbox is not None or handler.dedup is not None for handler in handlers):
-        chosen.append(Inbox())
+        chosen.append(InboxMiddleware())
     chosen.append(EventLog())
     return chosen

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from amqp_events.core.context import Attempt, Middleware, Run, ServiceContext
+from amqp_events.core.context import Attempt, HandlerCall, Middleware, ServiceContext
 from amqp_events.core.handler import Handler
 from amqp_events.core.handling import DUPLICATE
 from amqp_events.core.outcome import Ack, Outcome
@@ -28,7 +28,7 @@ def effect_key(attempt: Attempt) -> EffectKey:
     return EffectKey(attempt.context.name, attempt.handler.name, attempt.delivery.event_id)
 
 
-class Inbox(Middleware):
+class InboxMiddleware(Middleware):
     """Installed by an app when one of its handlers has an inbox or a dedup store."""
 
     def before_handle(self, attempt: Attempt) -> Outcome | None:
@@ -37,7 +37,7 @@ class Inbox(Middleware):
             return Ack(duplicate=True)
         return None
 
-    def wrap_run(self, context: ServiceContext, handler: Handler, run: Run) -> Run:
+    def wrap_run(self, context: ServiceContext, handler: Handler, run: HandlerCall) -> HandlerCall:
         inbox = handler.inbox
         if inbox is None:
             return run
