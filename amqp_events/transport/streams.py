@@ -27,8 +27,10 @@ WINDOW = 2000
 ACK_EVERY = WINDOW // 4
 #: Seconds without a delivery after which a stream's last chunk has been read.
 LAST_CHUNK_QUIET = 0.3
-#: Seconds to wait for the first delivery of the last chunk (none comes when the stream is empty).
-FIRST_DELIVERY = 1.5
+#: Seconds to wait for the first delivery of the last chunk (none comes when the stream is empty; RabbitMQ tells
+#: no count of a stream over AMQP). A loaded node took over 1.5 s to attach the consumer: an empty history pays
+#: the wait, a reading of a non-empty one ends as soon as its last chunk has come.
+FIRST_DELIVERY = 3.0
 #: Seconds without a delivery, while messages up to the end are still expected, after which the reading ends
 #: (retention dropped them while they were read, or ``start`` is a time after the last message).
 STALLED = 5.0
