@@ -36,30 +36,13 @@ from kombu import Connection, Queue
 from amqp_events.errors import ManagementError
 from amqp_events.history.watch import HistoryWatch, watch
 from amqp_events.management import ManagementAPI
-from amqp_events.topology import delays, ordered_exchange_name
-from amqp_events.topology.layout import Topology, heartbeats_listener
-from amqp_events.topology.names import HISTORY_STREAM, is_parked_queue
+from amqp_events.topology.layout import heartbeats_listener
+from amqp_events.topology.names import HISTORY_STREAM, queue_kind
 
 if TYPE_CHECKING:
     from amqp_events.celery import EventsApp
 
 logger = logging.getLogger(__name__)
-
-
-def queue_kind(name: str, topology: Topology) -> str:
-    """``main``, ``partition`` (of the ordered handlers), ``parked`` (a partition's parked events), ``delay``,
-    ``archive`` or ``unroutable``."""
-    if name == topology.archive.name:
-        return "archive"
-    if is_parked_queue(name, topology.service):
-        return "parked"
-    if name.startswith(f"{ordered_exchange_name(topology.service)}."):
-        return "partition"
-    if name == delays.UNROUTABLE:
-        return "unroutable"
-    if name.startswith(f"{delays.PREFIX}.delay."):
-        return "delay"
-    return "main"
 
 
 @dataclass(frozen=True)
@@ -177,7 +160,7 @@ class Exporter:
                 found.append(
                     QueueStats(
                         queue.name,
-                        queue_kind(queue.name, self.topology),
+                        queue_kind(queue.name, self.topology.service),
                         item.get("messages_ready", 0),
                         item.get("messages_unacknowledged", 0),
                         item.get("consumers", 0),
@@ -201,7 +184,7 @@ class Exporter:
                 found.append(
                     QueueStats(
                         queue.name,
-                        queue_kind(queue.name, self.topology),
+                        queue_kind(queue.name, self.topology.service),
                         ok.message_count,
                         None,
                         ok.consumer_count,

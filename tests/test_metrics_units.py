@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from amqp_events.exporter import WorkerStates, queue_kind
+from amqp_events.exporter import WorkerStates
 from amqp_events.metrics import OTHER, ExceptionLabels
 from amqp_events.settings import Settings
 from amqp_events.topology import service_topology
+from amqp_events.topology.names import queue_kind
 
 
 class E1(Exception): ...
@@ -40,6 +41,6 @@ def test_an_offline_heartbeat_is_down_at_once():
 
 def test_queue_kinds():
     topology = service_topology("orders", ["a.b"], Settings())
-    kinds = {queue.name: queue_kind(queue.name, topology) for queue in topology.queues}
+    kinds = {queue.name: queue_kind(queue.name, topology.service) for queue in topology.queues}
     assert kinds["orders:a.b"] == "main" and kinds["orders.archive"] == "archive"
     assert kinds["amqp_events.delay.03"] == "delay" and kinds["amqp_events.unroutable"] == "unroutable"

@@ -13,13 +13,12 @@ from kombu import Queue
 from amqp_events import events_app
 from amqp_events.asyncapi.document import document
 from amqp_events.errors import BadArguments
-from amqp_events.exporter import queue_kind
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.ordering.sequences import Action, Sequence, decide
 from amqp_events.ordering.timers import Timers
 from amqp_events.topology import partition_queue_name
 from amqp_events.topology.layout import Binding
-from amqp_events.topology.names import is_ordered_exchange, slot_of
+from amqp_events.topology.names import is_ordered_exchange, queue_kind, slot_of
 from amqp_events.wire.message import copy_headers
 from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
 
@@ -154,7 +153,7 @@ def test_the_exporter_labels_partitions_as_such(app):
     @app.handler("accounts.money.moved", ordered_by="account")
     def moved(account: str): ...
 
-    kinds = {queue.name: queue_kind(queue.name, app.topology) for queue in app.topology.queues}
+    kinds = {queue.name: queue_kind(queue.name, app.topology.service) for queue in app.topology.queues}
     assert kinds["ledger.ordered.02"] == "partition" and kinds["ledger.archive"] == "archive"
     assert kinds["ledger.ordered.02.parked"] == "parked"  # no consumer: not a partition
 

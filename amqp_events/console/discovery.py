@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqp_events.errors import InvalidName
-from amqp_events.topology.names import check_service_name
+from amqp_events.topology.names import check_service_name, owner_of
 
 ARCHIVE_SUFFIX = ".archive"
 
@@ -82,7 +82,7 @@ def services_in(listing: Iterable[Mapping[str, Any]]) -> list[ServiceQueues]:
     found = []
     for service in names:
         archive = f"{service}{ARCHIVE_SUFFIX}"
-        own = sorted(name for name in items if name != archive and _belongs_to(name, service))
+        own = sorted(name for name in items if name != archive and owner_of(name) == service)
         event_queues = [items[name] for name in own if ":" in name]
         found.append(
             ServiceQueues(
@@ -126,10 +126,6 @@ def _is_service_name(name: str) -> bool:
     except InvalidName:
         return False
     return True
-
-
-def _belongs_to(queue: str, service: str) -> bool:
-    return queue.startswith(f"{service}:") or queue.startswith(f"{service}.")
 
 
 def _rate(stats: Mapping[str, Any], name: str) -> float | None:

@@ -160,6 +160,23 @@ def is_parked_queue(name: str, service: str) -> bool:
     return name.startswith(f"{ordered_exchange_name(service)}.") and name.endswith(".parked")
 
 
+def queue_kind(name: str, service: str) -> str:
+    """What queue ``name`` is to ``service``: ``main`` (an event queue), ``partition`` (of its ordered
+    handlers), ``parked`` (a partition's parked events), ``delay`` (the shared ladder), ``archive`` or
+    ``unroutable`` (the ladder's)."""
+    if name == archive_queue_name(service):
+        return "archive"
+    if is_parked_queue(name, service):
+        return "parked"
+    if name.startswith(f"{ordered_exchange_name(service)}."):
+        return "partition"
+    if name == delays.UNROUTABLE:
+        return "unroutable"
+    if name.startswith(f"{delays.PREFIX}.delay."):
+        return "delay"
+    return "main"
+
+
 #: The stream that keeps every fired event of the vhost, when a service asks for history (``amqp_events_history``).
 HISTORY_STREAM = f"{delays.PREFIX}.history"
 
