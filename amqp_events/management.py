@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from base64 import b64encode
 from typing import Any
 
+from amqp_events.environment import variable
 from amqp_events.errors import ManagementError
 
 
@@ -27,8 +27,8 @@ class ManagementAPI:
         if parts.username is not None:
             user, password = urllib.parse.unquote(parts.username), urllib.parse.unquote(parts.password or "")
             parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-        user = user if user is not None else os.environ.get("AMQP_EVENTS_MANAGEMENT_USER", "guest")
-        password = password if password is not None else os.environ.get("AMQP_EVENTS_MANAGEMENT_PASSWORD", "guest")
+        user = user if user is not None else variable("AMQP_EVENTS_MANAGEMENT_USER") or "guest"
+        password = password if password is not None else variable("AMQP_EVENTS_MANAGEMENT_PASSWORD") or "guest"
         self.base_url = urllib.parse.urlunsplit(parts).rstrip("/")
         self._authorization = "Basic " + b64encode(f"{user}:{password}".encode()).decode()
         self.timeout = timeout

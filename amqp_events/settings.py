@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+from amqp_events.environment import variable
+
 #: An event key falls into one of this many slots (:func:`amqp_events.topology.names.slot_of`).
 KEY_SLOTS = 64
 
@@ -34,15 +36,14 @@ CELERY_DEFAULTS: dict[str, Any] = {
     "worker_prefetch_multiplier": 16,
 }
 
-#: Environment variables read when an app is created: the setting each one fills, and its type.
+#: Environment variables read when an app is created (of :data:`amqp_events.environment.VARIABLES`): the
+#: setting each one fills, and its type.
 ENVIRONMENT: dict[str, tuple[str, str]] = {
-    # Where `amqp-events broker start` says its node is: for an app made without a broker_url.
     "AMQP_EVENTS_BROKER_URL": ("broker_url", "str"),
     "AMQP_EVENTS_MAX_RETRIES": ("amqp_events_max_retries", "int"),
     "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": ("amqp_events_archive_ttl_ms", "int"),
     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": ("amqp_events_archive_max_length", "int"),
     "AMQP_EVENTS_METRICS_PORT": ("amqp_events_metrics_port", "int"),
-    # Set by an administrator where the shared topology is declared for the services (least privilege).
     "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
 }
 
@@ -248,10 +249,10 @@ def raw_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
 def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """App settings given by the documented environment variables."""
     found = {}
-    for variable, (key, kind) in ENVIRONMENT.items():
-        raw = environ.get(variable, "").strip()
-        if raw:
-            found[key] = _coerce(kind, raw, variable)
+    for name, (key, kind) in ENVIRONMENT.items():
+        raw = variable(name, environ)
+        if raw is not None:
+            found[key] = _coerce(kind, raw, name)
     return found
 
 

@@ -64,13 +64,14 @@ def settings_table() -> str:
                 f"| `{settings.SETTING_PREFIX}{field['name']}` | `{kind}` | `{default}` | {' '.join(comment)} |"
             )
         comment = []
-    environment = "".join(
-        f"| `{variable}` | `{setting}` |\n" for variable, (setting, _) in sorted(settings.ENVIRONMENT.items())
-    )
+    from amqp_events.environment import VARIABLES
+
+    environment = "".join(f"| `{name}` | {meaning} |\n" for name, meaning in VARIABLES.items())
     return (
         "| setting | type | default | meaning |\n|---|---|---|---|\n"
         + "\n".join(rows)
-        + "\n\nEnvironment variables read when an app is made:\n\n| variable | sets |\n|---|---|\n"
+        + "\n\nEvery environment variable the library reads (an app reads its settings' when it is made):\n\n"
+        + "| variable | gives |\n|---|---|\n"
         + environment
     )
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import re
+from pathlib import Path
 
+import pytest
+from docs_pages import ALL_PAGES
+
+import amqp_events
 from amqp_events import SettingsFrozen, events_app
-from amqp_events.settings import Settings, environment_defaults
+from amqp_events.environment import VARIABLES, variable
+from amqp_events.settings import ENVIRONMENT, Settings, environment_defaults
 
 
 def test_safe_defaults_are_applied():
@@ -59,6 +65,21 @@ def test_the_app_wide_breaker_is_a_setting_checked_when_the_settings_are_read():
         _ = events_app("ledger", amqp_events_breaker={"failures": 0}).events_settings
     assert events_app("ledger", amqp_events_breaker=True).events_settings.breaker is True
     assert events_app("ledger").events_settings.breaker is None
+
+
+def test_every_environment_variable_is_read_through_the_one_table():
+    """Each ``AMQP_EVENTS_*`` name the package or the pages mention is in amqp_events.environment (Django's two
+    are Django settings), and no module but that one reads one from the environment itself."""
+    django_settings = {"AMQP_EVENTS_OUTBOX_TABLE", "AMQP_EVENTS_INBOX_TABLE"}
+    package = Path(amqp_events.__file__).parent
+    sources = {path: path.read_text() for path in package.rglob("*.py")}
+    mentioned = set(re.findall(r"AMQP_EVENTS_[A-Z_]*[A-Z]", "".join(sources.values()) + ALL_PAGES))
+    assert mentioned - django_settings - set(VARIABLES) == set()
+    readers = [path.name for path, text in sources.items() if re.search(r"environ(\.get)?\(?\[?.AMQP_EVENTS_", text)]
+    assert readers == []
+    assert set(ENVIRONMENT) <= set(VARIABLES)
+    with pytest.raises(KeyError, match="AMQP_EVENTS_NOPE is not one of"):
+        variable("AMQP_EVENTS_NOPE")
 
 
 def test_settings_may_change_until_the_app_first_needs_them_then_changes_raise():

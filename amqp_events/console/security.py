@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from amqp_events.environment import variable
+
 READ, OPERATOR = "read", "operator"
 ROLES = (READ, OPERATOR)
 #: PBKDF2 rounds of a new password hash (OWASP's advice for PBKDF2-SHA256).
@@ -54,12 +56,15 @@ class Access:
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> Access:
         users = {}
-        for entry in filter(None, (part.strip() for part in environ.get(ENVIRONMENT[0], "").split(","))):
+        for entry in filter(None, (part.strip() for part in (variable(ENVIRONMENT[0], environ) or "").split(","))):
             name, role, password_hash = _user_entry(entry)
             users[name] = (role, password_hash)
         tokens = {
             token: role
-            for token, role in ((environ.get(ENVIRONMENT[1]), OPERATOR), (environ.get(ENVIRONMENT[2]), READ))
+            for token, role in (
+                (variable(ENVIRONMENT[1], environ), OPERATOR),
+                (variable(ENVIRONMENT[2], environ), READ),
+            )
             if token
         }
         return cls(users, tokens)

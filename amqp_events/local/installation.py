@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from amqp_events.environment import variable
 from amqp_events.errors import LocalServerError
 
 #: The Debian release that packages each RabbitMQ line.
@@ -39,7 +40,7 @@ exec chroot "$root" "$@"
 
 def roots_directory() -> Path:
     """Where :func:`install` keeps its roots: ``$AMQP_EVENTS_RABBITMQ_ROOTS``, else the user's cache directory."""
-    configured = os.environ.get("AMQP_EVENTS_RABBITMQ_ROOTS")
+    configured = variable("AMQP_EVENTS_RABBITMQ_ROOTS")
     if configured:
         return Path(configured)
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -146,7 +147,7 @@ def installed() -> list[Installation]:
 def find(wanted: str | None = None) -> Installation:
     """The installation to run a node of: ``wanted`` is a line (``"4.0"``), a root's path, or None (the
     line in ``$AMQP_EVENTS_RABBITMQ``, else the machine's own, else the only root installed)."""
-    wanted = wanted or os.environ.get("AMQP_EVENTS_RABBITMQ") or None
+    wanted = wanted or variable("AMQP_EVENTS_RABBITMQ")
     if wanted is not None and "/" in wanted:
         candidate = Installation(Path(wanted))
         candidate.check()
