@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 import pytest
-from conftest import wait_archived
+from helpers import wait_archived
 
 from amqp_events import Reason
 from amqp_events.archive import Selection

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 from amqp.exceptions import NotFound
-from conftest import wait_archived
+from helpers import wait_archived
 from kombu import Connection
 
 from amqp_events import Reason

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from amqp.exceptions import NotFound
 from click.testing import CliRunner
-from conftest import AMQP_EVENTS, TESTS, wait_archived
+from helpers import AMQP_EVENTS, TESTS, wait_archived
 from kombu import Connection
 
 from amqp_events.cli import main

@@ -14,7 +14,7 @@ import pytest
 from cloudevents.core.bindings import amqp, rabbitmq
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
-from conftest import wait_archived
+from helpers import wait_archived
 from kombu import Connection, Exchange, Queue
 
 from amqp_events import Reason, events_app

@@ -11,7 +11,7 @@ import urllib.parse
 from collections import Counter, defaultdict
 
 import pytest
-from conftest import AMQP_EVENTS
+from helpers import AMQP_EVENTS
 from ordered_helpers import all_succeeded, check_order, fire_sequences
 from services.effects import metadata
 from sqlalchemy import create_engine, text

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import AMQP_EVENTS, TESTS, effects_tables, wait_archived
 from console_helpers import Console
+from helpers import AMQP_EVENTS, TESTS, effects_tables, wait_archived
 from test_breakers import queue_state
 
 from amqp_events.console.security import hash_password

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from conftest import Records, load_service
+from helpers import Records, load_service
 from kombu.exceptions import EncodeError
 
 from amqp_events import EventsApp, Reason, events_app

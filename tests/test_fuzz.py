@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from conftest import Records
+from helpers import Records
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from kombu import Connection

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from amqp.exceptions import NotFound
-from conftest import TESTS, effects_tables
+from helpers import TESTS, effects_tables
 from sqlalchemy import func, select, text
 from test_contract import mode  # noqa: F401  # the contract's two modes
 

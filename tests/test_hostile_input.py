@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from conftest import wait_archived
+from helpers import wait_archived
 from kombu import Connection
 
 from amqp_events import Reason

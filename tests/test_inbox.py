@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import TESTS, effects_tables, wait_archived
+from helpers import TESTS, effects_tables, wait_archived
 from services.effects import metadata
 from sqlalchemy import create_engine, func, insert, select, text
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from amqp.exceptions import AccessRefused, NotFound
-from conftest import TESTS, wait_archived
 from console_helpers import Console
+from helpers import TESTS, wait_archived
 from kombu import Connection, Exchange, Queue
 from test_console import call
 

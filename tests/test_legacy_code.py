@@ -9,7 +9,7 @@ from amqp_events.errors import DuplicateHandler
 
 
 def test_a_0_1_0_package_runs_unchanged(start_worker, records, service_app, archive_of, monkeypatch, tmp_path):
-    from conftest import TESTS, wait_archived
+    from helpers import TESTS, wait_archived
 
     env = {"RECORD_FILE": str(records.path), "PYTHONPATH": str(TESTS), "AMQP_EVENTS_MAX_RETRIES": "1",
            "AMQP_EVENTS_BACKOFF_MAX": "1"}  # fmt: skip

@@ -113,7 +113,7 @@ def test_a_local_node_s_epmd_and_distribution_listen_on_loopback_only(tmp_path):
 def test_broker_install_of_a_line_already_there_says_so_and_changes_nothing():
     import subprocess
 
-    from conftest import AMQP_EVENTS
+    from helpers import AMQP_EVENTS
 
     from amqp_events.local.installation import installed
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import scrape, value, wait_archived
+from helpers import scrape, value, wait_archived
 
 from amqp_events.exporter import Exporter
 from amqp_events.local.processes import free_port
@@ -132,7 +132,7 @@ def test_the_exporter_command_serves_queue_and_worker_metrics(worker, broker_url
     import os
     import subprocess
 
-    from conftest import AMQP_EVENTS, TESTS
+    from helpers import AMQP_EVENTS, TESTS
 
     from amqp_events.local.processes import terminate
 

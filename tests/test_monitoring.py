@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import wait_archived
+from helpers import wait_archived
 
 from amqp_events import events_app
 from amqp_events.exporter import Exporter

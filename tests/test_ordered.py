@@ -9,7 +9,7 @@ import threading
 from collections import defaultdict
 
 import pytest
-from conftest import scrape, value
+from helpers import scrape, value
 from ordered_helpers import all_succeeded, check_order, fire_sequences
 
 from amqp_events import events_app

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import TESTS, scrape, value
+from helpers import TESTS, scrape, value
 from outbox_helpers import AMQP_EVENTS, drain_ids, invoices, metadata, relay_process, relaying
 from sqlalchemy import create_engine, func, insert, select
 from sqlalchemy.orm import Session

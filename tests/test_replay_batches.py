@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from conftest import wait_archived
+from helpers import wait_archived
 from kombu import Connection
 
 from amqp_events import Reason

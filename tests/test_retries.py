@@ -6,7 +6,7 @@ import itertools
 import time
 
 import pytest
-from conftest import wait_archived
+from helpers import wait_archived
 
 from amqp_events import Reason
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import wait_archived
+from helpers import wait_archived
 
 from amqp_events import Reason
 

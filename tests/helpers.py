@@ -1,0 +1,144 @@
+"""What the tests share besides fixtures: the suite's paths, the records test handlers write, waiting for an
+archive, the installed command, reading metrics, the test services' apps and tables."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from amqp_events import EventsApp
+from amqp_events.testing import json_lines, wait_for
+
+TESTS = Path(__file__).parent
+#: The installed ``amqp-events`` entry point of this environment.
+AMQP_EVENTS = str(Path(sys.executable).parent / "amqp-events")
+
+
+BARRIER = "barrier-"
+
+
+class Records:
+    """The JSON lines test handlers append to ``$RECORD_FILE``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.touch()
+
+    def all(self, barriers: bool = False, **match: Any) -> list[dict[str, Any]]:
+        """Records matching ``match`` (the sentinels of :meth:`barrier` only with ``barriers=True``)."""
+        lines = json_lines(self.path)
+        return [
+            line
+            for line in lines
+            if all(line.get(key) == value for key, value in match.items())
+            and (barriers or not str(line.get("tag", "")).startswith(BARRIER))
+        ]
+
+    def wait(self, count: int, timeout: float = 30.0, **match: Any) -> list[dict[str, Any]]:
+        """Wait until at least ``count`` records match; returns them."""
+        return wait_for(
+            lambda: (found := self.all(**match)) and len(found) >= count and found,
+            timeout,
+            what=f"{count} records matching {match} (have {len(self.all(**match))})",
+        )
+
+    def barrier(self, producer: EventsApp, services: tuple[str, ...], workers: int = 1, timeout: float = 30.0) -> None:
+        """Return once every message queued so far for ``services`` has been handled.
+
+        Fires ``test.ping`` sentinels (handled in queue order after everything
+        before them) until each service saw one on ``workers`` distinct worker
+        processes: instead of sleeping and hoping nothing more arrives.
+        """
+        deadline = time.monotonic() + timeout
+        sent = 0
+        while True:
+            sentinels = [line for line in self.all(barriers=True) if str(line.get("tag")).startswith(BARRIER)]
+            by_service = {service: [line for line in sentinels if line["service"] == service] for service in services}
+            if all(len({line["pid"] for line in lines}) >= workers for lines in by_service.values()):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"barrier not reached in {timeout:g}s: sentinels handled {by_service}")
+            if all(len(lines) >= sent for lines in by_service.values()):  # the last sentinel arrived everywhere
+                producer.fire("test.ping", [f"{BARRIER}{sent}"], {})
+                sent += 1
+            time.sleep(0.05)
+
+
+def wait_archived(archive: Any, count: int, timeout: float = 30.0) -> list[Any]:
+    return wait_for(
+        lambda: len(found := archive.list()) >= count and found,
+        timeout,
+        what=f"{count} archived messages in {archive.queue}",
+    )
+
+
+class Ran(subprocess.CompletedProcess):
+    """A finished ``amqp-events`` process, read like Click's test result too (``exit_code``, ``output``)."""
+
+    @property
+    def exit_code(self) -> int:
+        return self.returncode
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def load_service(service: str) -> Any:
+    """The app of ``services/<service>.py``, its module imported afresh (settings are read at import)."""
+    import importlib
+
+    for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
+        del sys.modules[name]
+    return importlib.import_module(f"services.{service}").app
+
+
+def scrape(port: int) -> dict[str, float]:
+    """``{'name{labels}': value}`` from a /metrics endpoint (labels sorted as exposed)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            found[name] = float(value)
+    return found
+
+
+def value(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the series of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for key, number in metrics.items():
+        series, _, rest = key.partition("{")
+        have = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+        if series == name and all(have.get(k) == v for k, v in labels.items()):
+            total += number
+    return total
+
+
+@contextlib.contextmanager
+def effects_tables(url: str) -> Iterator[Any]:
+    """An engine on ``url`` with the test services' effects table and the inbox table created."""
+    from services.effects import metadata
+    from sqlalchemy import create_engine
+
+    from amqp_events.inbox.sql import InboxTable
+
+    engine = create_engine(url)
+    metadata.create_all(engine)
+    InboxTable(engine).create()
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+#: Debian's ``chromium``: Playwright drives it (its own browser download is not used).
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
