@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from amqp_events.clock import Clock
-from amqp_events.core.delivery import Delivery, Received, Running
+from amqp_events.core.delivery import Delivery, Received
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Handling, Outcome
 from amqp_events.core.policy import RetryPolicy
@@ -211,9 +212,13 @@ class ServiceContext:
     #: Exceptions the host's runtime steers a handler with (Celery's ``Retry``, ``Ignore``, ``Reject``): they
     #: pass through the handling pipeline untouched.
     control_flow: tuple[type[BaseException], ...] = ()
+    #: The rules each handler (and ``None``: a message no handler takes) runs by, worked out when it is made.
+    _rules: Mapping[Handler | None, Handling] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.handling(None)  # the app's retry rules are checked now, not at the first failure
+        # Every handler's rules worked out now (the app's retry rules checked now, not at the first failure).
+        rules = {handler: self._rules_of(handler) for handler in (None, *self.handlers.values())}
+        object.__setattr__(self, "_rules", MappingProxyType(rules))
 
     def now(self) -> datetime:
         return self.clock.now()
@@ -229,32 +234,16 @@ class ServiceContext:
         return {handler.queue: handler for handler in self.handlers.values()}
 
     def handling(self, handler: Handler | None) -> Handling:
-        """The rules ``handler`` runs by (the app's for a message no handler takes), worked out once."""
-        rules = self._handling
-        found = rules.get(handler)
-        if found is None:
-            options = dict(handler.retry_options) if handler is not None else {}
-            policy = RetryPolicy.from_settings(self.settings, **options)
-            found = rules[handler] = Handling(
-                self.name,
-                handler.name if handler is not None else "",
-                policy,
-                self.settings.max_deliveries,
-                self.settings.max_redeliveries,
-            )
-        return found
+        """The rules ``handler`` runs by (the app's for a message no handler takes)."""
+        found = self._rules.get(handler)
+        return found if found is not None else self._rules_of(handler)
 
-    @cached_property
-    def _handling(self) -> dict[Handler | None, Handling]:
-        return {}
-
-    @cached_property
-    def runs(self) -> dict[Handler, HandlerCall]:
-        """Each handler's call as the middleware wrapped it (``wrap_run``), made on first use."""
-        return {}
-
-    @cached_property
-    def running(self) -> dict[Handler, Running]:
-        """What each handler's runs show to its code (:func:`amqp_events.current_event`, sections), made on
-        first use."""
-        return {}
+    def _rules_of(self, handler: Handler | None) -> Handling:
+        options = dict(handler.retry_options) if handler is not None else {}
+        return Handling(
+            self.name,
+            handler.name if handler is not None else "",
+            RetryPolicy.from_settings(self.settings, **options),
+            self.settings.max_deliveries,
+            self.settings.max_redeliveries,
+        )

@@ -4,6 +4,7 @@ business (:mod:`amqp_events.celery.task`)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,8 +53,6 @@ class Handler:
     #: An ordered handler's archived event: ``park`` its key (the key's later events wait until the archived one
     #: is replayed or discarded) or ``skip`` it (they go on).
     on_archive: str = "park"
-    #: Argument shapes (how many positional, which keywords) already seen to fit the signature.
-    _fitting_shapes: set[tuple[int, frozenset[str]]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         unknown = set(self.retry_options) - set(RETRY_OPTIONS)
@@ -95,14 +94,9 @@ class Handler:
                 return (self.event_class(*args, **kwargs),), {}
             except Exception as exc:
                 raise BadArguments(f"cannot build {self.event_class.__name__} from the payload: {exc}") from exc
-        shape = (len(args), frozenset(kwargs))
-        if shape not in self._fitting_shapes:  # whether arguments bind depends on their shape only
-            handle = () if self.inbox is None else (None,)
-            try:
-                self.signature.bind(*handle, *args, **kwargs)
-            except TypeError as exc:
-                raise BadArguments(f"{self.name}{self.signature} cannot take this payload: {exc}") from exc
-            self._fitting_shapes.add(shape)
+        refused = _refusal(self, len(args), frozenset(kwargs))
+        if refused is not None:
+            raise BadArguments(f"{self.name}{self.signature} cannot take this payload: {refused}")
         return args, kwargs
 
     @property
@@ -142,3 +136,15 @@ class Handler:
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         parameters = list(self.signature.parameters.values())
         return bool(parameters) and parameters[0].kind in (*positional, inspect.Parameter.VAR_POSITIONAL)
+
+
+@functools.lru_cache(maxsize=4096)
+def _refusal(handler: Handler, positional: int, keywords: frozenset[str]) -> str | None:
+    """Why ``handler`` cannot take arguments of this shape, or None: whether they bind depends on their shape
+    only, so each shape is tried once (with placeholders)."""
+    handle = () if handler.inbox is None else (None,)
+    try:
+        handler.signature.bind(*handle, *(None,) * positional, **dict.fromkeys(keywords))
+    except TypeError as exc:
+        return str(exc)
+    return None

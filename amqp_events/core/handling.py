@@ -19,6 +19,7 @@ returned, and turns the outcome into what its runtime expects.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import replace
@@ -42,6 +43,11 @@ logger = logging.getLogger(__name__)
 DUPLICATE = object()
 #: The attempt whose handler runs in this context.
 _attempt: ContextVar[Attempt | None] = ContextVar("amqp_events_attempt", default=None)
+#: Each handler's call as the middleware wrapped it and what its code sees, made once per context (a context is
+#: made again when an app changes: its entry goes with it).
+_prepared: weakref.WeakKeyDictionary[ServiceContext, dict[Handler, tuple[HandlerCall, Running]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 # -- a message as it arrived -------------------------------------------------------------------------------
@@ -143,8 +149,12 @@ def _run(attempt: Attempt) -> tuple[Outcome, Any]:
         args, kwargs = handler.fit(tuple(delivery.args), dict(delivery.kwargs))
     except BadArguments as exc:
         return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), handling, context.now()), None
-    run = context.runs.get(handler) or _wrapped_run(context, handler)
-    running = context.running.get(handler) or _running_of(context, handler)
+    prepared = _prepared.get(context)
+    if prepared is None:
+        prepared = _prepared[context] = {}
+    if handler not in prepared:
+        prepared[handler] = (_wrapped_run(context, handler), _running_of(context, handler))
+    run, running = prepared[handler]
     # Context variables, not context managers: this is the hot path.
     attempt_token, running_token = _attempt.set(attempt), start_running(running)
     clock_token = start_reading(context.clock) if context.clock is not SYSTEM_CLOCK else None
@@ -178,7 +188,6 @@ def _wrapped_run(context: ServiceContext, handler: Handler) -> HandlerCall:
     run: HandlerCall = call
     for wrap in reversed(context.middleware.wrap_run):
         run = wrap(context, handler, run)
-    context.runs[handler] = run
     return run
 
 
@@ -215,10 +224,7 @@ def _running_of(context: ServiceContext, handler: Handler) -> Running:
         attempt.concluded = settle(attempt, outcome)
         return attempt.concluded
 
-    running = context.running[handler] = Running(
-        lambda: current().delivery, context.name, handler.name, context.control_flow, optional_failed, retry
-    )
-    return running
+    return Running(lambda: current().delivery, context.name, handler.name, context.control_flow, optional_failed, retry)
 
 
 def retry_running(

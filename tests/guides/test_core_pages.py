@@ -1,15 +1,16 @@
 """The pages that need nothing but the library: the README, getting started, firing, ordering, history,
-middleware, sections and breakers. Each runs as its reader runs it (see ``conftest.py``)."""
+middleware, the archive, sections and breakers. Each runs as its reader runs it (see ``conftest.py``)."""
 
 from __future__ import annotations
 
 import http.server
 import re
+import shutil
 import sqlite3
 import threading
 
 import pytest
-from docs_pages import EXAMPLE_BROKER
+from docs_pages import EXAMPLE_BROKER, ROOT
 
 from amqp_events import events_app
 from amqp_events.testing import json_lines, wait_for
@@ -98,6 +99,35 @@ def test_a_middleware_audits_archived_events(guide, producer):
     assert (line["service"], line["event"], line["id"], line["reason"]) == (
         "audit", "billing.invoice.paid", event_id, "max_retries",
     )  # fmt: skip
+
+
+def test_an_archived_event_is_listed_shown_and_replayed_after_the_fix(guide):
+    archive = guide("guides/archive.md")
+    for example in (ROOT / "examples").glob("*.py"):  # the page works from the repository's examples/
+        shutil.copy(example, archive.directory)
+    journal = {"DEMO_JOURNAL": str(archive.directory / "journal.jsonl")}
+    broken = archive.worker(WORKER.format("shipping"), "shipping:billing.invoice.paid", env=journal)
+    fired = archive.python("from billing import invoice_paid", "print(invoice_paid(7, '25.00', 'nobody'))")
+    event_id = fired.stdout.strip()
+    listing, show, replay, final = (
+        line.strip()[2:] for line in archive.text.splitlines() if line.strip().startswith("$ ")
+    )
+    wait_for(lambda: event_id in archive.run(listing).stdout, 30, what="the message in the archive")
+    listed = archive.run(listing).stdout
+    assert "non_retryable" in listed and "no shipping address for customer 'nobody'" in listed
+    assert "PermanentFailure" in archive.run(show.replace(show.split()[-1], event_id)).stdout
+    broken.stop()
+    shipping = archive.directory / "shipping.py"  # the fix: an address for customer 'nobody'
+    shipping.write_text(shipping.read_text().replace("ADDRESSES = {", 'ADDRESSES = {"nobody": "7 New Street", '))
+    archive.worker(WORKER.format("shipping"), "shipping:billing.invoice.paid", env=journal)
+    assert "replayed 1 message(s)" in archive.run(replay).stdout
+    assert "0 archived message(s)" in archive.run(final).stdout
+    handled = wait_for(
+        lambda: [line for line in json_lines(archive.directory / "journal.jsonl") if line["outcome"] == "handled"],
+        30,
+        what="the replayed message handled",
+    )
+    assert [line["id"] for line in handled] == [event_id]
 
 
 class Bank(http.server.BaseHTTPRequestHandler):
