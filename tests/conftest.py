@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # the suite's helper modules, fo
 from helpers import AMQP_EVENTS, CHROMIUM, TESTS, Ran, Records, load_service
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark tests by the servers they use: ``broker``, ``cluster``, ``database``. ``-m "not broker"``: the fast tier."""
     for item in items:
