@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import pytest
 from docs_pages import EXAMPLE_BROKER, ROOT, code_blocks, page
@@ -38,6 +39,8 @@ from amqp_events.testing.workers import WorkerProcess
 
 #: The databases the pages' URLs name (``postgresql+psycopg://shop@localhost/shop``): role and database alike.
 DATABASES = ("shop", "payments")
+
+T = TypeVar("T")
 
 
 def installs_named(text: str) -> tuple[list[str], list[str]]:
@@ -55,7 +58,7 @@ def installs_named(text: str) -> tuple[list[str], list[str]]:
     return sorted(extras), sorted(packages)
 
 
-def refused(reason: str) -> None:
+def refused(reason: str) -> NoReturn:
     """Skip, saying why, on a developer's machine; fail in CI, where the tier must run."""
     if os.environ.get("CI"):
         pytest.fail(reason)
@@ -271,12 +274,7 @@ def app_of(command: str) -> str:
 def databases(servers: Servers) -> LocalPostgres:
     """PostgreSQL on localhost:5432 with the pages' roles and databases (each owned by its role, no password)."""
     if servers.postgres is None:
-        if port_taken(5432):
-            refused("another program holds localhost:5432, where the guides say PostgreSQL is")
-        try:
-            servers.postgres = LocalPostgres(port=5432).start()
-        except LocalServerError as exc:
-            pytest.skip(str(exc))
+        servers.postgres = started_at(5432, "PostgreSQL", lambda: LocalPostgres(port=5432).start())
         for name in DATABASES:
             servers.postgres.create_database(name, owner=name)
     return servers.postgres
@@ -286,10 +284,15 @@ def databases(servers: Servers) -> LocalPostgres:
 def redis_as_written(servers: Servers) -> LocalRedis:
     """Redis on localhost:6379."""
     if servers.redis is None:
-        if port_taken(6379):
-            refused("another program holds localhost:6379, where the guides say Redis is")
-        try:
-            servers.redis = LocalRedis(port=6379).start()
-        except LocalServerError as exc:
-            pytest.skip(str(exc))
+        servers.redis = started_at(6379, "Redis", lambda: LocalRedis(port=6379).start())
     return servers.redis
+
+
+def started_at(port: int, what: str, start: Callable[[], T]) -> T:
+    """A server the session starts on the port the pages give (skipped where it is not installed)."""
+    if port_taken(port):
+        refused(f"another program holds localhost:{port}, where the guides say {what} is")
+    try:
+        return start()
+    except LocalServerError as exc:
+        pytest.skip(str(exc))
