@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -10,8 +11,9 @@ from docs_pages import ALL_PAGES
 
 import amqp_events
 from amqp_events import SettingsFrozen, events_app
+from amqp_events.breakers import BreakerPolicy
 from amqp_events.environment import VARIABLES, variable
-from amqp_events.settings import ENVIRONMENT, Settings, environment_defaults
+from amqp_events.settings import BREAKER_POLICY, ENVIRONMENT, Settings, environment_defaults
 
 
 def test_safe_defaults_are_applied():
@@ -108,3 +110,8 @@ def test_a_setting_changed_after_creation_reaches_the_broker(broker_url, rabbitm
     with pytest.raises(SettingsFrozen):
         app.conf.amqp_events_exchange = "events"
     app.close()
+
+
+def test_the_breaker_setting_takes_exactly_the_fields_of_a_breaker_policy():
+    # settings sits below breakers in the layers, so it names the fields; this keeps the two lists one.
+    assert tuple(field.name for field in dataclasses.fields(BreakerPolicy)) == BREAKER_POLICY

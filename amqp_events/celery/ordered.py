@@ -36,8 +36,7 @@ from amqp_events.ordering.sequences import Action
 from amqp_events.ordering.timers import Timers
 from amqp_events.topology import ordered_exchange_name
 from amqp_events.topology.names import intake_queue_name, slot_of
-from amqp_events.transport.base import StoredMessage
-from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, Reason, event_key
+from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, Reason, StoredMessage, event_key
 from amqp_events.wire.parking import RELEASED_BEHIND, RELEASED_LAST
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,17 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from amqp_events.errors import Refused
-from amqp_events.transport.base import StoredMessage
 from amqp_events.wire import cloud_events
-from amqp_events.wire.message import DUE_AT, EVENT_KEY, FIRED_AT, FIRED_BY, event_id, event_name, parse_time
+from amqp_events.wire.message import (
+    DUE_AT,
+    EVENT_KEY,
+    FIRED_AT,
+    FIRED_BY,
+    StoredMessage,
+    event_id,
+    event_name,
+    parse_time,
+)
 
 if TYPE_CHECKING:
     from amqp_events.core.context import ServiceContext

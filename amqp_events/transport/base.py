@@ -17,18 +17,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from amqp_events.topology import Topology
-from amqp_events.wire.message import OutgoingMessage
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    """A message as it sits in a queue: what browsing a queue returns."""
-
-    headers: dict[str, Any]
-    body: bytes
-    content_type: str | None
-    content_encoding: str | None
-
+from amqp_events.wire.message import OutgoingMessage, StoredMessage
 
 #: Browsing a queue yields each message with a function that removes it for good.
 Browsed = Iterator[tuple[StoredMessage, Callable[[], None]]]

@@ -43,8 +43,8 @@ from kombu import Exchange
 from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExchange, ExchangeType, TopicExchange
 
 from amqp_events.topology import Topology
-from amqp_events.transport.base import Browsed, StoredMessage, StreamReading
-from amqp_events.wire.message import EVENT_KEY, X_DEATH, X_DELIVERY_COUNT
+from amqp_events.transport.base import Browsed, StreamReading
+from amqp_events.wire.message import EVENT_KEY, X_DEATH, X_DELIVERY_COUNT, StoredMessage
 
 
 class QueueFull(Exception):

@@ -18,9 +18,9 @@ from amqp_events.topology import Topology
 from amqp_events.topology.declare import declare_topology
 from amqp_events.topology.retire import Retired, retire_topology
 from amqp_events.transport import streams
-from amqp_events.transport.base import Browsed, StoredMessage, StreamReading
+from amqp_events.transport.base import Browsed, StreamReading
 from amqp_events.transport.publisher import ConfirmedBatchPublisher, Connections, Publisher
-from amqp_events.wire.message import OutgoingMessage
+from amqp_events.wire.message import OutgoingMessage, StoredMessage
 
 
 class RabbitMQ:

@@ -18,7 +18,8 @@ from typing import Any
 
 from kombu import Connection
 
-from amqp_events.transport.base import StoredMessage, StreamReading
+from amqp_events.transport.base import StreamReading
+from amqp_events.wire.message import StoredMessage
 
 OFFSET = "x-stream-offset"
 #: Messages given out at a time (RabbitMQ's credit for the reading consumer).

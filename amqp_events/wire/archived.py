@@ -39,6 +39,7 @@ from amqp_events.wire.message import (
     ARCHIVED_AT,
     OutgoingMessage,
     Reason,
+    StoredMessage,
     event_id,
     is_task_body,
     isoformat,
@@ -89,13 +90,9 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Delivered:
-    """A message as the worker received it: what an archived copy must keep."""
+class Delivered(StoredMessage):
+    """A message as the worker received it, with where it came from: what an archived copy must keep."""
 
-    headers: Mapping[str, Any]
-    body: bytes
-    content_type: str | None
-    content_encoding: str | None
     exchange: str
     routing_key: str
     queue: str

@@ -73,6 +73,16 @@ def parse_time(value: Any) -> datetime | None:
     return None
 
 
+@dataclass(frozen=True)
+class StoredMessage:
+    """A message as it sits in a queue: what browsing a queue returns."""
+
+    headers: dict[str, Any]
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class OutgoingMessage:
     """A message ready for :mod:`amqp_events.transport.publisher`.
