@@ -138,11 +138,16 @@ def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
 def cluster(rabbitmq_cluster: Cluster) -> Iterator[Cluster]:
     """The session's cluster for one test: healed, and every node it killed or stopped running again afterwards."""
     yield rabbitmq_cluster
-    healed = rabbitmq_cluster.nodes.heal()
-    if not all(node.is_running() for node in rabbitmq_cluster.nodes.nodes):
-        rabbitmq_cluster.nodes.start()
+    _restore(rabbitmq_cluster)
+
+
+def _restore(cluster: Cluster) -> None:
+    """Heal the cluster and bring back every node a test killed or stopped (nothing to do when none was)."""
+    healed = cluster.nodes.heal()
+    if not all(node.is_running() for node in cluster.nodes.nodes):
+        cluster.nodes.start()
     elif healed:  # the paused side comes back by itself
-        rabbitmq_cluster.nodes.wait_until_running()
+        cluster.nodes.wait_until_running()
 
 
 @pytest.fixture
@@ -153,7 +158,9 @@ def cluster_url(cluster: Cluster) -> Iterator[str]:
     try:
         yield cluster.vhost_url(name)
     finally:
-        with contextlib.suppress(Exception):  # a node that was killed may still be coming back
+        # Every node back first: deleting a vhost whose quorum queues miss a member waits for the HTTP timeout.
+        _restore(cluster)
+        with contextlib.suppress(Exception):
             cluster.management.delete_vhost(name)
 
 
