@@ -390,3 +390,26 @@ def test_mistakes_a_user_makes_first_are_told_in_plain_words(billing):
     redis = events_app("cache", broker_url="redis://localhost:6379/0")
     with pytest.raises(ValueError, match=r"runs on RabbitMQ only"):
         redis.fire("a.b")
+
+
+def test_an_ordered_handler_s_retry_keeps_its_place_and_other_keys_go_on():
+    ledger = events_app("ledger", broker_url="memory://", amqp_events_partitions=1)
+    accounts = events_app("accounts", broker_url="memory://")
+    runs: list[tuple[str, int]] = []
+
+    @accounts.event("accounts.money.moved")
+    def moved(account: str, n: int): ...
+
+    @ledger.handler("accounts.money.moved", ordered_by="account", bind=True)
+    def on_moved(self, account: str, n: int):
+        runs.append((account, n))
+        if (account, n) == ("a-1", 1) and self.request.retries == 0:
+            raise ValueError("once")
+
+    with in_process(ledger, accounts) as events:
+        for n in (1, 2):
+            moved("a-1", n)
+            moved("a-2", n)
+        assert runs == [("a-1", 1), ("a-2", 1), ("a-2", 2)]  # a-1's second waits behind its first one's retry
+        assert events.drain() == 1  # the retry's backoff, held by the worker (one partition: a-2 shares it)
+    assert runs == [("a-1", 1), ("a-2", 1), ("a-2", 2), ("a-1", 1), ("a-1", 2)]

@@ -29,11 +29,11 @@ from kombu.message import Message
 from vine import promise
 
 from amqp_events.celery.loop import LoopWaker, acks_now
-from amqp_events.celery.ordered import OrderedRunner
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
+from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.topology.declare import declare_topology
 from amqp_events.wire.message import Reason
 

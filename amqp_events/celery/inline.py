@@ -14,31 +14,28 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.app.trace import trace_task_ret
-from celery.exceptions import Reject
 from kombu.message import Message
 from kombu.serialization import prepare_accept_content
 from kombu.utils.imports import symbol_by_name
 
 from amqp_events.celery import batches, ordered
 from amqp_events.celery.received import Archiver, admit
-from amqp_events.celery.running import run_here
-from amqp_events.core.delivery import Delivery
-from amqp_events.core.outcome import Redeliver, SendToArchive
 from amqp_events.errors import NotModelled
-from amqp_events.ordering.parking import Parking
+from amqp_events.ordering.runner import Executor, OrderedRunner
 from amqp_events.wire.batch import is_batch
 
 
 class InlineWorker:
     """Runs the messages of one service, one at a time, when asked (:meth:`run`)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, executor: Executor) -> None:
         self.app = app
         self.hostname = f"in-process@{app.service}"
         self.pool = InlinePool(app)
         self.accept = prepare_accept_content(app.conf.accept_content)
         self.archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
-        self.parking = Parking(lambda: app.context)
+        #: Ordered handlers' messages, run by the runner a worker's consumer has, on ``executor``.
+        self.runner = OrderedRunner(lambda: app.context, executor)
 
     def run(
         self,
@@ -47,9 +44,10 @@ class InlineWorker:
         properties: dict[str, Any],
         delivery_info: dict[str, Any],
         channel: Any,
-    ) -> None:
+    ) -> bool:
         """Run one message as the service's worker would; it ends acked or rejected on ``channel``
-        (``basic_ack``/``basic_reject``)."""
+        (``basic_ack``/``basic_reject``). True: an ordered handler's runner took it, to settle it in its turn
+        (behind the message of its key before it, or after its retry's delay)."""
         message = Message(
             body=body,
             delivery_tag=delivery_info.get("delivery_tag", 1),
@@ -64,14 +62,16 @@ class InlineWorker:
         verdict = admit(message, self.app.context)
         if verdict is not None:
             self.archiver.take(message, verdict)
-            return
+            return False
         task = self.app.tasks[message.headers["task"]]
         if is_batch(message.headers):  # its events come one by one, as a worker of Celery's path takes them
             batches.split(self.app.context, task.handler.queue, message, _ack(message), _reject(message))
-            return
-        if task.handler.ordered:
-            self.run_ordered(task, message, channel)
-            return
+            return False
+        if task.handler.ordered:  # as a worker's partition consumer gives it to its runner
+            held = ordered.held_of(self.app, task, message, channel.queue, message.ack, message.reject, self.hostname)
+            if held is not None:
+                self.runner.take(held)
+            return held is not None
         request = symbol_by_name(task.Request)(
             message,
             on_ack=message.ack_log_error,
@@ -85,32 +85,7 @@ class InlineWorker:
             decoded=False,
         )
         request.execute_using_pool(self.pool)
-
-    def run_ordered(self, task: Any, message: Message, channel: Any) -> None:
-        """An ordered handler's message, as a worker's :class:`~amqp_events.celery.ordered.OrderedRunner`
-        runs it: its retry is held by the broker in memory, the later messages of its key behind it."""
-        args, kwargs, _ = message.decode()
-        info = message.delivery_info
-        delivery = Delivery(message.headers, channel.queue, info["exchange"], info["routing_key"], args, kwargs)
-
-        key = ordered.key_of(self.app, task.handler, message, delivery, _ack(message), _reject(message))
-        if key is None:
-            return
-        partition, parking = channel.queue, self.parking
-        action = parking.admit(partition, key, delivery.event_id, message.headers)
-        if not ordered.takes_part(action, parking, partition, key, message):
-            message.ack()
-            return
-        try:
-            outcome = run_here(self.app, task, delivery, info, self.hostname)
-        except Reject as exc:
-            message.reject(exc.requeue)
-            return
-        if isinstance(outcome, Redeliver):  # it comes again, as what it was admitted as
-            channel.hold(ordered.keeping_marks(outcome, message.headers))
-            return
-        parking.ran(partition, key, delivery.event_id, action, isinstance(outcome, SendToArchive), task.handler.parks)
-        message.ack()
+        return False
 
 
 def _ack(message: Message) -> Callable[..., None]:

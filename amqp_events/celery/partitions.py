@@ -26,7 +26,7 @@ from celery import bootsteps
 from kombu import Consumer
 from kombu.message import Message
 
-from amqp_events.celery.ordered import OrderedRunner
+from amqp_events.celery.ordered import take
 from amqp_events.celery.received import admit
 from amqp_events.topology.names import is_partition_queue, workers_queue_name
 
@@ -118,9 +118,9 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
         if verdict is not None:
             c.archiver.take(message, verdict)
             return
-        runner = OrderedRunner.of(c.app, c)
         ack, reject = from_any_thread(c, message.ack_log_error), from_any_thread(c, message.reject_log_error)
-        runner.on_message(c.app.tasks[message.headers["task"]], message, ack, reject, partition)
+        task = c.app.tasks[message.headers["task"]]
+        take(c.app, c, task, message, ack, reject, partition)
 
     def stop_consuming(self, c: Any, partition: str) -> None:
         channel, _ = self.channels.pop(partition)

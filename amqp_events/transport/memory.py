@@ -19,9 +19,7 @@ objects a worker declares (:mod:`amqp_events.topology`):
 * streams (``x-queue-type: stream``), which keep every message, read by
   offset or arrival time (:meth:`MemoryBroker.read_stream`);
 * headers exchanges (``x-match: all``), as the ordered exchanges route by
-  slot; and a message *held* unacked by its consumer until a time, the
-  later messages of its key in that queue not given out before it
-  (:meth:`MemoryBroker.hold`, the ordered handlers' retries).
+  slot.
 
 Time is whatever ``now()`` says: :meth:`MemoryBroker.expire` moves the
 messages whose TTL ran out by then.
@@ -44,7 +42,7 @@ from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExch
 
 from amqp_events.topology import Topology
 from amqp_events.transport.base import Browsed, StreamReading
-from amqp_events.wire.message import EVENT_KEY, X_DEATH, X_DELIVERY_COUNT, StoredMessage
+from amqp_events.wire.message import X_DEATH, X_DELIVERY_COUNT, StoredMessage
 
 
 class QueueFull(Exception):
@@ -77,8 +75,6 @@ class MemoryQueue:
     name: str
     arguments: dict[str, Any]
     messages: deque[Envelope] = field(default_factory=deque)
-    #: Messages their consumer holds until a time (an ordered handler's retry), by key.
-    held: dict[str, tuple[datetime, Envelope]] = field(default_factory=dict)
 
     @property
     def ttl(self) -> timedelta | None:
@@ -212,15 +208,13 @@ class MemoryBroker:
     # -- time passing -------------------------------------------------------------------------------
 
     def next_expiry(self, dead_lettering_only: bool = False) -> datetime | None:
-        """When the next message's TTL runs out (only in queues that pass it on, if asked), or a held
-        message is due."""
+        """When the next message's TTL runs out (only in queues that pass it on, if asked)."""
         times = [
             expires
             for queue in self.queues.values()
             if not dead_lettering_only or queue.dead_letter_exchange
             if (expires := queue.head_expires_at()) is not None
         ]
-        times.extend(until for queue in self.queues.values() for until, _ in queue.held.values())
         return min(times, default=None)
 
     def expire(self) -> None:
@@ -248,29 +242,12 @@ class MemoryBroker:
     # -- consuming ----------------------------------------------------------------------------------
 
     def oldest(self, queues: Iterator[str] | list[str]) -> tuple[str, Envelope] | None:
-        """The message that arrived first among ``queues``, taken off its queue (unacked), if any: a held
-        message once it is due, none of the later ones of its key before it."""
-        now = self.now()
-        candidates: list[tuple[int, str, Envelope]] = []
-        for name in queues:
-            queue = self.queues[name]
-            candidates.extend((envelope.seq, name, envelope) for until, envelope in queue.held.values() if until <= now)
-            head = next((envelope for envelope in queue.messages if _key(envelope) not in queue.held), None)
-            if head is not None:
-                candidates.append((head.seq, name, head))
-        if not candidates:
+        """The message that arrived first among ``queues``, taken off its queue (unacked), if any."""
+        heads = [(self.queues[name].messages[0].seq, name) for name in queues if self.queues[name].messages]
+        if not heads:
             return None
-        _, name, envelope = min(candidates, key=lambda candidate: candidate[0])
-        queue = self.queues[name]
-        if queue.held.get(_key(envelope), (None, None))[1] is envelope:
-            del queue.held[_key(envelope)]
-        else:
-            queue.messages.remove(envelope)
-        return name, envelope
-
-    def hold(self, queue: str, envelope: Envelope, until: datetime) -> None:
-        """Its consumer keeps ``envelope`` (unacked) until ``until``; later messages of its key wait."""
-        self.queues[queue].held[_key(envelope)] = (until, envelope)
+        _, name = min(heads)
+        return name, self.queues[name].messages.popleft()
 
     def reject(self, queue: str, envelope: Envelope, requeue: bool) -> None:
         """A consumer gave ``envelope`` back: to the head of its queue, or to the dead-letter exchange."""
@@ -323,10 +300,6 @@ def _all_match(binding: dict[str, Any], headers: dict[str, Any]) -> bool:
         for name, value in binding.items()
         if name != "x-match" and (with_x or not name.startswith("x-"))
     )
-
-
-def _key(envelope: Envelope) -> Any:
-    return envelope.headers.get(EVENT_KEY)
 
 
 def with_death(

@@ -46,6 +46,7 @@ from amqp_events.errors import NotModelled, Refused, UnhandledEvent
 from amqp_events.metrics import AVAILABLE as METRICS
 from amqp_events.middleware.metrics import HandlerMetrics
 from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock, Waiting
+from amqp_events.testing.in_process.timers import VirtualTimers
 from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
 from amqp_events.topology import delays
 from amqp_events.topology.names import is_direct_exchange, to_queue
@@ -76,6 +77,8 @@ class InProcess:
         self.apps: dict[str, EventsApp] = {}
         self.clock = VirtualClock(start or datetime.now(timezone.utc), self)
         self.broker = MemoryBroker(self.clock.now)
+        #: Where the ordered handlers' runners hold retries: on the virtual clock.
+        self.timers = VirtualTimers(self.clock.now)
         #: Each consumed queue's worker.
         self.workers: dict[str, InlineWorker] = {}
         for app in apps:
@@ -98,7 +101,7 @@ class InProcess:
         self.apps[app.service] = app
         topology = app.topology
         self.broker.declare(topology)
-        worker = InlineWorker(app)
+        worker = InlineWorker(app, self.timers)
         for queue in topology.event_queues:
             self.workers[queue.name] = worker
 
@@ -141,10 +144,8 @@ class InProcess:
         """Handle what is due now, then let time pass until ``until`` (see :meth:`VirtualClock.advance`)."""
         with self._loop():
             self._run_due()
-            while (due := self.broker.next_expiry()) is not None and due <= until:
-                self.clock.move_to(due)
-                self.broker.expire()
-                self._run_due()
+            while (due := self._next_due()) is not None and due <= until:
+                self._pass_to(due)
             self.clock.move_to(until)
 
     def drain(self, within: float | None = None) -> float:
@@ -155,13 +156,22 @@ class InProcess:
         started = self.clock.now()
         with self._loop():
             self._run_due()
-            while (due := self.broker.next_expiry(dead_lettering_only=True)) is not None:
+            while (due := self._next_due(dead_lettering_only=True)) is not None:
                 if within is not None and (due - started).total_seconds() > within:
                     raise AssertionError(f"messages still wait after {within:g}s: {self.waiting()}")
-                self.clock.move_to(due)
-                self.broker.expire()
-                self._run_due()
+                self._pass_to(due)
         return (self.clock.now() - started).total_seconds()
+
+    def _next_due(self, dead_lettering_only: bool = False) -> datetime | None:
+        """When the next message's TTL runs out, or a held retry is due."""
+        times = (self.broker.next_expiry(dead_lettering_only), self.timers.next_due())
+        return min((due for due in times if due is not None), default=None)
+
+    def _pass_to(self, due: datetime) -> None:
+        self.clock.move_to(due)
+        self.broker.expire()
+        self.timers.run_due()
+        self._run_due()
 
     def run_due(self) -> None:
         """Handle every message due now (after a publish from outside a handler)."""
@@ -201,9 +211,10 @@ class InProcess:
             "redelivered": envelope.redelivered,
             "delivery_tag": envelope.seq,
         }
-        self.workers[queue].run(envelope.body, envelope.headers, envelope.properties, info, channel)
-        if not channel.settled:
-            service = self.workers[queue].app.service
+        worker = self.workers[queue]
+        later = worker.run(envelope.body, envelope.headers, envelope.properties, info, channel)
+        if not channel.settled and not later:
+            service = worker.app.service
             raise RuntimeError(f"the worker of {service!r} neither acked nor rejected {envelope.headers}")
 
     # -- what happened ------------------------------------------------------------------------------

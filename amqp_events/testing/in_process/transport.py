@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from amqp.exceptions import NotFound
 from kombu.serialization import dumps
 
-from amqp_events.core.outcome import Redeliver
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import Topology
 from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
@@ -124,11 +122,4 @@ class MemoryChannel:
 
     def basic_reject(self, delivery_tag: int, requeue: bool) -> None:
         self.broker.reject(self.queue, self.envelope, requeue)
-        self.settled = True
-
-    def hold(self, retry: Redeliver) -> None:
-        """Keep the message (an ordered handler's) until its retry is due, carrying the retry's headers."""
-        headers = dict(retry.copy.headers)
-        held = replace(self.envelope, headers=headers, body=envelope_of(retry.copy).body)
-        self.broker.hold(self.queue, held, self.broker.now() + timedelta(seconds=retry.delay))
         self.settled = True
