@@ -17,6 +17,7 @@ from typing import Any
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.exceptions import Reject
 
+from amqp_events.celery.received import decoded_delivery
 from amqp_events.celery.running import run_here
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.outcome import Outcome
@@ -116,11 +117,7 @@ def held_of(
 ) -> Held | None:
     """``message`` of ordered handler ``task`` as the runner holds it; ``None`` when it was sent on to its
     partition or archived instead (:func:`~amqp_events.ordering.intake.key_of`)."""
-    args, kwargs, _ = message.decode()
-    info = message.delivery_info
-    delivery = Delivery(
-        message.headers, partition, info.get("exchange") or "", info.get("routing_key") or "", args, kwargs
-    )
+    delivery, info = decoded_delivery(message, partition), message.delivery_info
     stored = StoredMessage(message.headers, message.body, message.content_type, message.content_encoding)
     key = key_of(app.context, task.handler, stored, delivery, ack, reject)
     if key is None:

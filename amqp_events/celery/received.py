@@ -193,6 +193,14 @@ def received_of(message: Message) -> Received:
     )
 
 
+def decoded_delivery(message: Message, queue: str) -> Delivery:
+    """The delivery a handler runs for: ``message`` as its consumer decoded it, from ``queue``."""
+    args, kwargs, _ = message.decode()  # decoded once, when the consumer admitted it
+    info = message.delivery_info
+    exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
+    return Delivery(message.headers, queue, exchange, routing_key, args, kwargs)
+
+
 def delivery_of_message(message: Message, service: str) -> Delivery:
     """A message no handler takes, kept byte for byte for the archive."""
     received = received_of(message)

@@ -36,8 +36,8 @@ from celery.worker.strategy import default
 
 from amqp_events.celery.batches import batch_runner, splitting
 from amqp_events.celery.ordered import ordered_strategy
+from amqp_events.celery.received import decoded_delivery
 from amqp_events.celery.running import run_here
-from amqp_events.core.delivery import Delivery
 from amqp_events.wire.batch import is_batch
 
 logger = logging.getLogger(__name__)
@@ -93,12 +93,9 @@ def handler_of(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], 
     errors = consumer.connection_errors  # what the ack and reject promises log rather than raise
 
     def handle(message: Any, ack: Any, reject: Any) -> None:
-        args, kwargs, _ = message.decode()  # decoded once, when the consumer admitted it
-        info = message.delivery_info
-        exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
-        delivery = Delivery(message.headers, handler.queue, exchange, routing_key, args, kwargs)
+        delivery = decoded_delivery(message, handler.queue)
         try:
-            run_here(app, task, delivery, info, consumer.hostname)
+            run_here(app, task, delivery, message.delivery_info, consumer.hostname)
         except Reject as exc:  # the handler rejected its message itself
             reject(logger, errors, exc.requeue)
             return
