@@ -41,6 +41,7 @@ from amqp_events import PublishError, events_app
 from amqp_events.inbox.sql import InboxTable
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.testing import wait_for
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 from faults import effects, probes
@@ -63,9 +64,15 @@ def run(
     inbox: bool = False,
     cluster: int = 0,
     partition: bool = False,
+    kills: int = 5,
+    node_faults: int = 2,
 ) -> Report:
     """One full fault-injection run (firing through the outbox, handling through the inbox, on a cluster of
-    ``cluster`` nodes, cut off in rotation with ``partition``); returns the audit."""
+    ``cluster`` nodes, cut off in rotation with ``partition``); returns the audit.
+
+    The faults go on after the last event was fired until at least ``kills`` processes were SIGKILLed and (on a
+    cluster) ``node_faults`` nodes failed, however slowly a loaded machine restarts them.
+    """
     rng = random.Random(seed)
     report = Report(events, outbox=outbox, inbox=inbox, cluster=cluster, partition=partition)
     started = time.monotonic()
@@ -113,6 +120,11 @@ def run(
         if rotation is not None:
             rotation.start()
         committed = fire_under_chaos(url, events, duration, node, report, database if outbox else None)
+        wait_for(
+            lambda: sum(chaos.kills.values()) >= kills and (rotation is None or rotation.faults >= node_faults),
+            deadline,
+            what=f"{kills} processes killed and {node_faults} node faults",
+        )
         if rotation is not None:
             rotation.halt.set()
             rotation.join()

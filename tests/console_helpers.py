@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,3 +51,14 @@ class Console:
     def stop(self) -> None:
         if self.process.poll() is None:
             terminate(self.process.pid, 10)
+
+
+def call(url: str, body: object = None, headers: dict[str, str] | None = None) -> tuple[int, object]:
+    """``(status, JSON answer)`` of a GET (or a POST of ``body``)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())

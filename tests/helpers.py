@@ -18,6 +18,8 @@ from amqp_events import EventsApp
 from amqp_events.testing import json_lines, wait_for
 
 TESTS = Path(__file__).parent
+#: The checkout.
+ROOT = TESTS.parent
 #: The installed ``amqp-events`` entry point of this environment.
 AMQP_EVENTS = str(Path(sys.executable).parent / "amqp-events")
 
@@ -142,3 +144,10 @@ def effects_tables(url: str) -> Iterator[Any]:
 
 #: Debian's ``chromium``: Playwright drives it (its own browser download is not used).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def queue_state(producer: EventsApp, queue: str) -> tuple[int, int]:
+    """(ready messages, consumers) of ``queue``, exact, from a passive declare."""
+    with producer.connection_for_read() as connection:
+        declared = connection.default_channel.queue_declare(queue, passive=True)
+        return declared.message_count, declared.consumer_count

@@ -1,7 +1,7 @@
 """The Celery app class an events app is made of: its settings read once, its queue table, its worker's name
 and log format.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@
 * With the solo pool, acks are sent at once; a warm shutdown wakes the event
   loop at once (:mod:`amqp_events.celery.loop`).
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, tests/test_worker_startup.py,
-tests/test_bad_input.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, tests/broker/test_worker_startup.py,
+tests/broker/test_bad_input.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Remote control of an events app's workers (``amqp-events breakers open|close``, ``archive parked``), as
 Celery control commands, registered when an app is made (:func:`register`).
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_breakers.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_breakers.py).
 """
 
 from __future__ import annotations

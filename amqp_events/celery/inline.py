@@ -3,7 +3,7 @@ would: the consumer's admission (archiving what cannot run), then Celery's ``Req
 traced by Celery in this thread. The in-process mode of :mod:`amqp_events.testing` runs every message
 through here, so that an outcome there is decided by the very code a worker runs.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_contract.py runs the same scenarios here and on a broker).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_contract.py runs the same scenarios here and on a broker).
 """
 
 from __future__ import annotations

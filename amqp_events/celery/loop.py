@@ -1,6 +1,6 @@
 """Two adjustments of the worker's event loop (kombu's hub): acks sent at once, and a poll ended at once.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 with kombu 5.5.4, 5.6.2 and 5.7.0 (tests/test_celery_compat.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 with kombu 5.5.4, 5.6.2 and 5.7.0 (tests/broker/test_celery_compat.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 pool, otherwise in a thread pool of the worker's main process as large as the worker's concurrency (prefork
 children never run them: a lane must know when its message is done).
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_ordered.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_ordered.py).
 """
 
 from __future__ import annotations

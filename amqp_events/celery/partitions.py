@@ -11,7 +11,7 @@ partition again, behind the others. A channel of its own per partition is
 what makes this safe: cancelling a consumer instead would let the next worker
 start while this one still holds earlier messages.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_ordered.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_ordered.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The queues a worker of an events app consumes: its service's event queues, in Celery's queue table (the
 partitions of ordered handlers excepted: :mod:`amqp_events.celery.partitions` consumes them).
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, tests/test_handler_loading.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, tests/broker/test_handler_loading.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Celery's worker-side request for a handler's message, counting pool processes lost exactly.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0, billiard 4.3.2 (tests/test_celery_compat.py, tests/test_worker_lost.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0, billiard 4.3.2 (tests/broker/test_celery_compat.py,
+tests/broker/test_worker_lost.py).
 """
 
 from __future__ import annotations

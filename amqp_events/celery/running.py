@@ -1,6 +1,6 @@
 """Running a handler task on one delivery in the calling thread, as Celery's own trace would set it up.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, and every broker test with a solo worker).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, and every broker test with a solo worker).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ them to its app's ``app.steps``, so they run in workers of that app only).
 * :class:`InboxPruning` (consumer): every ``amqp_events_inbox_prune_interval`` seconds, the keys older than
   ``amqp_events_inbox_retention`` leave its handlers' inboxes, in a thread of its own.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_breakers.py, tests/test_metrics.py, tests/test_inbox.py).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_breakers.py, tests/broker/test_metrics.py,
+tests/broker/test_inbox.py).
 """
 
 from __future__ import annotations

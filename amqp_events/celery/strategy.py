@@ -19,7 +19,7 @@ or a receiver of Celery's task signals (OpenTelemetry's Celery instrumentation,
 say). A history replay's batch of events (:mod:`amqp_events.celery.batches`)
 runs here too, each event in turn; on Celery's path it is split first.
 
-Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/test_celery_compat.py, and every broker test with a solo worker).
+Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, and every broker test with a solo worker).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Publisher confirms and returned messages are read from py-amqp's channel
 callbacks (``basic_ack``, ``basic_nack``, ``basic_return``), checked on
-py-amqp 5.4.2 with kombu 5.5.4 to 5.7.0 (tests/test_batch.py, tests/test_durability.py).
+py-amqp 5.4.2 with kombu 5.5.4 to 5.7.0 (tests/broker/test_batch.py, tests/broker/test_durability.py).
 """
 
 from __future__ import annotations

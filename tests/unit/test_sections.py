@@ -13,7 +13,7 @@ from amqp_events.core.outcome import Failed, Redeliver, decide
 from amqp_events.core.outcome import SendToArchive as Archive
 from amqp_events.core.sections import section_of
 from amqp_events.wire.message import FAILED_SECTION, SECTION_RETRIES, EventMetadata, copy_headers
-from tests.test_outcome import NOW, delivery, handling
+from unit.test_outcome import NOW, delivery, handling
 
 
 def failure_in(section: object, error: Exception) -> Exception:

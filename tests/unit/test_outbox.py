@@ -68,4 +68,4 @@ def test_outbox_settings_are_checked():
         Settings(outbox_batch=0)
     with pytest.raises(ValueError, match="outbox_lease"):
         Settings(outbox_lease=0)
-    assert events_app("shop").outbox_url.endswith("/tests/shop-outbox.sqlite3")  # next to the module that made it
+    assert events_app("shop").outbox_url.endswith("/tests/unit/shop-outbox.sqlite3")  # next to the module that made it

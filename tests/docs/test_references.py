@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import re
-from pathlib import Path
 
-PACKAGE = Path(__file__).parent.parent / "amqp_events"
+from helpers import ROOT
+
+PACKAGE = ROOT / "amqp_events"
 REFERENCE = re.compile(r":(mod|func|class|meth|data|attr|exc):`~?(amqp_events(?:\.\w+)*)`")
 
 

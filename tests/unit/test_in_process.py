@@ -62,7 +62,7 @@ def test_firing_runs_every_subscriber_before_it_returns(billing, shipping):
         )
         [run] = events.handled("shipping")
         assert (run.handler, run.event_id, run.attempt, run.args, run.kwargs) == (
-            "test_in_process.test_firing_runs_every_subscriber_before_it_returns.<locals>.book_courier",
+            "unit.test_in_process.test_firing_runs_every_subscriber_before_it_returns.<locals>.book_courier",
             event_id,
             1,
             (),

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from amqp_events import DuplicateHandler, events_app
+from amqp_events import DuplicateHandler, SettingsFrozen, events_app
 from amqp_events.topology import event_queue_name
 
 
@@ -124,3 +124,13 @@ def test_current_event_gives_the_fire_time_and_the_producer(worker, producer, re
 
 def test_queue_names_follow_the_documented_pattern():
     assert event_queue_name("orders", "billing.invoice.paid") == "orders:billing.invoice.paid"
+
+
+def test_a_setting_changed_after_creation_reaches_the_broker(broker_url, rabbitmq, vhost):
+    app = events_app("tests", broker_url=broker_url)
+    app.conf.amqp_events_exchange = "company.events"
+    app.fire("test.ping", ["x"], {})
+    assert "company.events" in {exchange["name"] for exchange in rabbitmq.management.exchanges(vhost)}
+    with pytest.raises(SettingsFrozen):
+        app.conf.amqp_events_exchange = "events"
+    app.close()

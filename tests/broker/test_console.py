@@ -9,12 +9,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-from console_helpers import Console
-from helpers import AMQP_EVENTS, TESTS, effects_tables, wait_archived
-from test_breakers import queue_state
+from console_helpers import Console, call
+from helpers import AMQP_EVENTS, ROOT, TESTS, effects_tables, queue_state, wait_archived
 
 from amqp_events.console.security import hash_password
 from amqp_events.local.processes import free_port
@@ -22,21 +20,10 @@ from amqp_events.testing import wait_for
 
 pytestmark = pytest.mark.broker
 #: Where the console guide's screenshots are written (checked in).
-SCREENSHOTS = Path(__file__).parent.parent / "docs" / "console"
+SCREENSHOTS = ROOT / "docs" / "console"
 PING = "orders:test.ping"
 #: A browser's CSRF cookie and the header a page of the console sends back with a change.
 CSRF = {"Cookie": "csrf=t", "X-CSRF-Token": "t"}
-
-
-def call(url: str, body: object = None, headers: dict[str, str] | None = None) -> tuple[int, object]:
-    """``(status, JSON answer)`` of a GET (or a POST of ``body``)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
 
 
 def status_of(url: str, body: object, headers: dict[str, str]) -> int:

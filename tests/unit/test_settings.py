@@ -102,16 +102,6 @@ def test_settings_may_change_until_the_app_first_needs_them_then_changes_raise()
     assert app.events_settings is settings
 
 
-def test_a_setting_changed_after_creation_reaches_the_broker(broker_url, rabbitmq, vhost):
-    app = events_app("tests", broker_url=broker_url)
-    app.conf.amqp_events_exchange = "company.events"
-    app.fire("test.ping", ["x"], {})
-    assert "company.events" in {exchange["name"] for exchange in rabbitmq.management.exchanges(vhost)}
-    with pytest.raises(SettingsFrozen):
-        app.conf.amqp_events_exchange = "events"
-    app.close()
-
-
 def test_the_breaker_setting_takes_exactly_the_fields_of_a_breaker_policy():
     # settings sits below breakers in the layers, so it names the fields; this keeps the two lists one.
     assert tuple(field.name for field in dataclasses.fields(BreakerPolicy)) == BREAKER_POLICY

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import queue_state
 
 from amqp_events import EventsApp
 from amqp_events.testing import wait_for
@@ -15,13 +16,6 @@ from amqp_events.testing import wait_for
 CHARGE, NOTE, BOOK = "guarded:guarded.charge", "guarded:guarded.note", "guarded:guarded.book"
 
 pytestmark = pytest.mark.broker
-
-
-def queue_state(producer: EventsApp, queue: str) -> tuple[int, int]:
-    """(ready messages, consumers) of ``queue``, exact, from a passive declare."""
-    with producer.connection_for_read() as connection:
-        declared = connection.default_channel.queue_declare(queue, passive=True)
-        return declared.message_count, declared.consumer_count
 
 
 def fire(producer: EventsApp, event: str, numbers: range) -> None:

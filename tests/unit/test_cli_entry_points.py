@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import click
+from helpers import TESTS
 
 from amqp_events.cli import main
 
-TESTS = Path(__file__).parent
 #: What runs the installed ``amqp-events`` in a test's source: the ``cli_process`` fixture, or its path.
 #: (The guides tier runs a page's line from the page's virtualenv: ``guide.run(guide.line("amqp-events ...``.)
 ENTRY_POINT = re.compile(r"(cli_process\(|AMQP_EVENTS, |/ \"amqp-events\"\)|run\(\w+\.line\(\"amqp-events )")
 #: Commands a test runs with words it does not spell out: as a page prints them, or through a helper of the test
 #: that runs the entry point with its arguments (what must be in that test module's source to show it).
 SPELLED_ELSEWHERE = {
-    ("outbox", "init"): ("guides/test_pages_with_extras.py", 'line("amqp-events -A shop.celery outbox init")'),
-    **{("broker", word): ("test_cluster.py", f'run("{word}"') for word in ("kill", "restart", "partition", "heal")},
+    ("outbox", "init"): ("docs/guides/test_pages_with_extras.py", 'line("amqp-events -A shop.celery outbox init")'),
+    **{
+        ("broker", word): ("cluster/test_cluster.py", f'run("{word}"')
+        for word in ("kill", "restart", "partition", "heal")
+    },
 }
 
 

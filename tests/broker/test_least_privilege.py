@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 from amqp.exceptions import AccessRefused, NotFound
-from console_helpers import Console
+from console_helpers import Console, call
 from helpers import TESTS, wait_archived
 from kombu import Connection, Exchange, Queue
-from test_console import call
 
 from amqp_events import events_app
 from amqp_events.celery.control import ServiceControl

@@ -1,5 +1,5 @@
 """A history replay sends a handler's events in batches; a worker runs each of them as if it had come alone
-(real broker; the in-process mode is in tests/test_history.py's contract tests)."""
+(real broker; the in-process mode is in tests/broker/test_history.py's contract tests)."""
 
 from __future__ import annotations
 

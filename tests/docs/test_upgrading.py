@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from docs_pages import code_blocks, page
-from test_breakers import queue_state
+from helpers import queue_state
 
 from amqp_events.testing import json_lines, wait_for
 from amqp_events.testing.workers import WORKER_FLAGS, WorkerProcess

@@ -341,7 +341,7 @@ def test_topology_and_asyncapi_load_the_app_as_a_worker_does(cli_process):
 
 
 def test_errors_say_which_broker_and_a_closed_pipe_ends_quietly(tmp_path):
-    env = {**os.environ, "BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1/", "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "BROKER_URL": "amqp://guest:s3cret@127.0.0.1:1/", "PYTHONPATH": str(TESTS)}
     amqp_events = str(Path(sys.executable).parent / "amqp-events")
     down = subprocess.run([amqp_events, "-A", "services.orders", "archive", "list"], env=env, capture_output=True,
                           text=True, timeout=60)  # fmt: skip

@@ -15,10 +15,10 @@ import shutil
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from helpers import ROOT, TESTS
 from process_helpers import printed
 
 from amqp_events import events_app
@@ -26,8 +26,8 @@ from amqp_events.cli import main
 from amqp_events.testing import wait_for
 from amqp_events.topology.names import slot_of
 
-NODE_SCRIPTS = Path(__file__).parent / "node"
-EXAMPLES = Path(__file__).parent.parent / "examples"
+NODE_SCRIPTS = TESTS / "node"
+EXAMPLES = ROOT / "examples"
 NPM_PACKAGES = ("amqplib@^2.3", "cloudevents@^10", "@asyncapi/parser@^3.6")
 
 pytestmark = pytest.mark.xdist_group("node")  # one npm install, in whichever test process runs them

@@ -8,11 +8,10 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
-from helpers import wait_archived
+from helpers import ROOT, wait_archived
 
 from amqp_events import events_app
 from amqp_events.exporter import Exporter
@@ -20,7 +19,7 @@ from amqp_events.local.processes import free_port
 from amqp_events.metrics import instruments
 from amqp_events.testing import wait_for
 
-MONITORING = Path(__file__).parent.parent / "monitoring"
+MONITORING = ROOT / "monitoring"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 needs_prometheus = pytest.mark.skipif(

@@ -15,7 +15,6 @@ import pytest
 from amqp.exceptions import NotFound
 from helpers import TESTS, effects_tables
 from sqlalchemy import func, select, text
-from test_contract import mode  # noqa: F401  # the contract's two modes
 
 from amqp_events import events_app
 from amqp_events.exporter import Exporter
@@ -227,7 +226,7 @@ def test_a_replay_without_an_inbox_asks_first_and_says_where_history_is_missing(
     assert unknown.exit_code == 1 and "no handler 'nobody'" in unknown.output
 
 
-def test_the_history_is_recorded_and_replayed_to_one_service_alike_in_both_modes(mode, records):  # noqa: F811
+def test_the_history_is_recorded_and_replayed_to_one_service_alike_in_both_modes(mode, records):
     mode.start("orders", "shipping", env={"HISTORY": "1"})
     since = mode.module("orders").app.context.clock.now()
     ids = [mode.producer.fire("test.ping", [f"h{n}"], {}) for n in range(3)]
@@ -243,7 +242,7 @@ def test_the_history_is_recorded_and_replayed_to_one_service_alike_in_both_modes
     assert [len(records.all(id=event_id, service="shipping")) for event_id in ids] == [1, 1, 1]
 
 
-def test_a_live_event_fired_during_a_replay_to_an_ordered_handler_runs_after_its_keys_past(mode, records):  # noqa: F811
+def test_a_live_event_fired_during_a_replay_to_an_ordered_handler_runs_after_its_keys_past(mode, records):
     """The replay's gates hold the live event until the replayed ones of its key ran, in both modes."""
     mode.start("ledger", env={"HISTORY": "1"})
     ledger = mode.module("ledger").app

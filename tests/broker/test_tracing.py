@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import TESTS
 
 from amqp_events.testing import json_lines, wait_for
 
 pytest.importorskip("opentelemetry.sdk.trace")
-
-TESTS = Path(__file__).parent
 
 
 class Spans:

@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT
 
 from amqp_events.testing import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]  # each run starts a node of its own
 
-DEMO = Path(__file__).parent.parent / "examples" / "demo.py"
+DEMO = ROOT / "examples" / "demo.py"
 
 
 def descendants_of_the_demo(marker: str) -> list[int]:

@@ -1,0 +1,127 @@
+"""The two modes the contract runs in (tests/broker/test_contract.py): the in-process mode, and a real broker with
+real workers. A scenario drives the test services through a :class:`Mode`; the ``mode`` fixture gives each."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from helpers import Records, load_service
+
+from amqp_events import EventsApp, events_app
+from amqp_events.archive import Archive
+from amqp_events.testing import wait_for
+from amqp_events.testing.in_process import InProcess, in_process
+
+
+class Mode:
+    """How a scenario runs: start services, fire, wait until something holds, read an archive."""
+
+    exact_times: bool
+    producer: EventsApp
+
+    def start(self, *services: str, env: dict[str, str] | None = None) -> None:
+        raise NotImplementedError
+
+    def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
+        """Return once ``condition()`` holds (in-process: once everything due was handled)."""
+        raise NotImplementedError
+
+    def quiet(self, services: tuple[str, ...]) -> None:
+        """Return once everything fired so far for ``services`` was handled: then counts are final."""
+        raise NotImplementedError
+
+    def deploy_fix(self, *services: str) -> None:
+        """The failing handlers are fixed from now on (``FIXED=1``)."""
+        raise NotImplementedError
+
+    def module(self, service: str) -> Any:
+        """The module of ``services/<service>.py`` whose app fires into this mode."""
+        raise NotImplementedError
+
+    def archive(self, service: str) -> Archive:
+        return self.producer.archive(service)
+
+    def assert_waited(self, waited: float, delay: float) -> None:
+        """``waited`` seconds between two runs that ``delay`` separates: exactly so in-process, never less."""
+        assert waited == delay if self.exact_times else waited >= delay, (waited, delay)
+
+
+class InProcessMode(Mode):
+    exact_times = True
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        monkeypatch.setenv("BROKER_URL", "amqp://in-process.invalid//")  # never connected to
+        self.events: InProcess | None = None
+        self.services: list[str] = []
+        self.modules: dict[str, Any] = {}
+
+    def start(self, *services: str, env: dict[str, str] | None = None) -> None:
+        for key, value in (env or {}).items():
+            self.monkeypatch.setenv(key, value)
+        self.services = list(services)
+        self._switch_on()
+
+    def _switch_on(self) -> None:
+        self.stop()
+        self.producer = events_app("tests", broker_url=os.environ["BROKER_URL"])
+        for service in self.services:
+            load_service(service)
+            self.modules[service] = sys.modules[f"services.{service}"]
+        apps = [module.app for module in self.modules.values()]
+        self.events = in_process(self.producer, *apps, unhandled="ignore").start()
+
+    def module(self, service: str) -> Any:
+        return self.modules[service]
+
+    def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
+        assert self.events is not None
+        self.events.drain()
+        assert condition()
+
+    def quiet(self, services: tuple[str, ...]) -> None:
+        assert self.events is not None
+        self.events.drain()
+
+    def deploy_fix(self, *services: str) -> None:
+        self.monkeypatch.setenv("FIXED", "1")  # read by the handlers at each run
+
+    def stop(self) -> None:
+        if self.events is not None:
+            self.events.stop()
+            self.events = None
+
+
+class BrokerMode(Mode):
+    exact_times = False
+
+    def __init__(
+        self, worker: Callable[..., Any], producer: EventsApp, records: Records, service_app: Callable[[str], Any]
+    ) -> None:
+        self.worker, self.producer, self.records, self.service_app = worker, producer, records, service_app
+        self.processes: dict[str, Any] = {}
+        self.env: dict[str, str] = {}
+
+    def start(self, *services: str, env: dict[str, str] | None = None) -> None:
+        self.env = dict(env or {})
+        for service in services:
+            self.processes[service] = self.worker(service, env=self.env)
+
+    def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
+        wait_for(condition, timeout, what=getattr(condition, "__doc__", None) or "the scenario's condition")
+
+    def quiet(self, services: tuple[str, ...]) -> None:
+        self.records.barrier(self.producer, services)
+
+    def module(self, service: str) -> Any:
+        self.service_app(service)
+        return sys.modules[f"services.{service}"]
+
+    def deploy_fix(self, *services: str) -> None:
+        for service in services:
+            self.processes.pop(service).stop()
+            self.processes[service] = self.worker(service, env={**self.env, "FIXED": "1"})
