@@ -10,10 +10,10 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import click
-from amqp.exceptions import NotFound
 
 from amqp_events.cli.context import current_context, one_line_errors
 from amqp_events.clock import parse_moment
+from amqp_events.errors import TopologyMissing
 from amqp_events.history import HistoricEvent, History, Query, parse_where
 from amqp_events.topology.names import HISTORY_STREAM
 
@@ -42,7 +42,7 @@ def needing_history(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except NotFound as exc:
+        except TopologyMissing as exc:
             if HISTORY_STREAM not in str(exc):
                 raise
             raise click.ClickException(

@@ -16,11 +16,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from amqp.exceptions import NotFound
-from kombu import Exchange
-
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.handler import Handler
+from amqp_events.errors import TopologyMissing
 from amqp_events.topology import Topology
 from amqp_events.topology.names import ordered_exchange_name, partition_queue_name, to_queue
 from amqp_events.wire.message import EMPTY_EMBED, EVENT_KEY, JSON, OutgoingMessage, json_body
@@ -37,7 +35,7 @@ def without_live_events(topology: Topology) -> Topology:
         bindings=tuple(
             binding
             for binding in topology.bindings
-            if not (isinstance(binding.destination, Exchange) and binding.destination.name == ordered)
+            if not (binding.to_exchange and binding.destination.name == ordered)
         ),
     )
 
@@ -46,7 +44,7 @@ def partitions_existed(context: ServiceContext) -> bool:
     """Did the service's first partition exist already (so workers may have handled live events)?"""
     try:
         context.transport.count(partition_queue_name(context.name, 0))
-    except NotFound:  # a new service
+    except TopologyMissing:  # a new service
         return False
     logger.warning(
         "%s's ordered handlers had partitions before this replay: events their workers handled before it began "

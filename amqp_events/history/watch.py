@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from amqp.exceptions import NotFound
-
+from amqp_events.errors import TopologyMissing
 from amqp_events.history.search import History
 from amqp_events.topology.history import max_age_seconds
 
@@ -31,7 +30,7 @@ def watch(history: History, stream: Mapping[str, Any] | None, now: datetime) -> 
     API's record of the stream, if it could be read."""
     try:
         oldest = history.oldest()
-    except NotFound:
+    except TopologyMissing:
         return None
     arguments = (stream or {}).get("arguments") or {}
     settings = history.context.settings
@@ -39,7 +38,7 @@ def watch(history: History, stream: Mapping[str, Any] | None, now: datetime) -> 
     position_age = None
     try:
         cursor = history.unfinished_replay()
-    except NotFound:  # this service never replayed
+    except TopologyMissing:  # this service never replayed
         cursor = None
     if cursor is not None and cursor.next is not None:
         position = history.event_at(cursor.next)

@@ -135,6 +135,11 @@ class Binding:
     #: What a headers exchange matches (the ordered exchange's slot bindings).
     arguments: dict[str, str] | None = field(default=None, compare=False, hash=False)
 
+    @property
+    def to_exchange(self) -> bool:
+        """Does it bind an exchange to another exchange (not to a queue)?"""
+        return isinstance(self.destination, Exchange)
+
 
 @dataclass(frozen=True)
 class Topology:

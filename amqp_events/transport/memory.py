@@ -36,10 +36,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from amqp.exceptions import NotFound
 from kombu import Exchange
 from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExchange, ExchangeType, TopicExchange
 
+from amqp_events.errors import TopologyMissing
 from amqp_events.topology import Topology
 from amqp_events.transport.base import Browsed, StreamReading
 from amqp_events.wire.message import X_DEATH, X_DELIVERY_COUNT, StoredMessage
@@ -141,9 +141,8 @@ class MemoryBroker:
                     getattr(queue, "binding_arguments", None),
                 )
         for binding in topology.bindings:
-            destination = binding.destination
-            to_exchange = isinstance(destination, Exchange)
-            self._bind(binding.source.name, binding.routing_key, (to_exchange, destination.name), binding.arguments)
+            destination = (binding.to_exchange, binding.destination.name)
+            self._bind(binding.source.name, binding.routing_key, destination, binding.arguments)
 
     def declare_exchange(self, exchange: Exchange) -> None:
         self.exchanges.setdefault(exchange.name, (exchange.type, dict(getattr(exchange, "arguments", None) or {})))
@@ -173,7 +172,7 @@ class MemoryBroker:
         if exchange == "":  # the default exchange: straight to the queue of that name
             return {routing_key} if routing_key in self.queues else set()
         if exchange not in self.exchanges:
-            raise NotFound(f"NOT_FOUND - no exchange '{exchange}' in vhost", reply_code=404)
+            raise TopologyMissing(f"NOT_FOUND - no exchange '{exchange}' in vhost")
         kind, arguments = self.exchanges[exchange]
         routes = self.routes.get(exchange, [])
         if kind == "headers":
@@ -262,7 +261,7 @@ class MemoryBroker:
     @contextmanager
     def browse(self, queue: str) -> Iterator[Browsed]:
         if queue not in self.queues:
-            raise NotFound(f"NOT_FOUND - no queue '{queue}' in vhost", reply_code=404)
+            raise TopologyMissing(f"NOT_FOUND - no queue '{queue}' in vhost")
         messages = self.queues[queue].messages
 
         def removing(envelope: Envelope) -> Callable[[], None]:
@@ -274,7 +273,7 @@ class MemoryBroker:
     def read_stream(self, stream: str, start: int | datetime) -> Iterator[StreamReading]:
         """A stream's messages from an offset (its index: nothing is ever dropped here) or an arrival time."""
         if stream not in self.queues:
-            raise NotFound(f"NOT_FOUND - no queue '{stream}' in vhost", reply_code=404)
+            raise TopologyMissing(f"NOT_FOUND - no queue '{stream}' in vhost")
         messages = list(self.queues[stream].messages)
         yield StreamReading(
             len(messages) - 1,
@@ -287,7 +286,7 @@ class MemoryBroker:
 
     def count(self, queue: str) -> int:
         if queue not in self.queues:
-            raise NotFound(f"NOT_FOUND - no queue '{queue}' in vhost", reply_code=404)
+            raise TopologyMissing(f"NOT_FOUND - no queue '{queue}' in vhost")
         return len(self.queues[queue].messages)
 
 

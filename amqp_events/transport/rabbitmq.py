@@ -38,10 +38,8 @@ class RabbitMQ:
         )
 
     def publish(self, message: OutgoingMessage) -> bool:
-        try:
+        with _missing_is_topology_missing():
             return self.publisher.publish(message)
-        except NotFound as exc:  # the exchange is not on the broker (the channel closed with 404)
-            raise TopologyMissing(str(exc)) from exc
 
     def batch(self, window: int) -> ConfirmedBatchPublisher:
         return ConfirmedBatchPublisher(self.app, self.timeout, window)
@@ -57,6 +55,11 @@ class RabbitMQ:
 
     @contextmanager
     def browse(self, queue: str) -> Iterator[Browsed]:
+        with _missing_is_topology_missing(), self._browsing(queue) as browsed:
+            yield browsed
+
+    @contextmanager
+    def _browsing(self, queue: str) -> Iterator[Browsed]:
         """Take every message unacked; whatever is not acked goes back when the channel closes, and the browse
         ends once the broker counts it back in the queue (a quorum queue takes a moment), so that the next
         reading finds it."""
@@ -73,17 +76,31 @@ class RabbitMQ:
             _wait_until_back(connection, queue, waiting - len(removed))
 
     def count(self, queue: str) -> int:
-        with self.app.connection_for_write() as connection:
+        with _missing_is_topology_missing(), self.app.connection_for_write() as connection:
             channel: Any = connection.default_channel
             return int(channel.queue_declare(queue, passive=True).message_count)
 
     @contextmanager
     def read_stream(self, stream: str, start: int | datetime) -> Iterator[StreamReading]:
-        with self.app.connection_for_write() as connection, streams.read_stream(connection, stream, start) as reading:
+        with (
+            _missing_is_topology_missing(),
+            self.app.connection_for_write() as connection,
+            streams.read_stream(connection, stream, start) as reading,
+        ):
             yield reading
 
     def close(self) -> None:
         self.publisher.close()
+
+
+@contextmanager
+def _missing_is_topology_missing() -> Iterator[None]:
+    """py-amqp's ``NotFound`` (the broker closed the channel with 404: no such queue, stream or exchange) as the
+    transport's :class:`~amqp_events.errors.TopologyMissing`."""
+    try:
+        yield
+    except NotFound as exc:
+        raise TopologyMissing(str(exc)) from exc
 
 
 #: Seconds without a delivery after which a browse ends with fewer messages than the queue counted (some expired).

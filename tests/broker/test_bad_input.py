@@ -5,11 +5,11 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from amqp.exceptions import NotFound
 from helpers import wait_archived
 from kombu import Connection
 
 from amqp_events import Reason
+from amqp_events.errors import TopologyMissing
 from amqp_events.testing import wait_for
 
 VALID_HEADERS = {"task": "test.ping", "id": "bad-1", "lang": "py", "retries": 0}
@@ -92,7 +92,7 @@ def archived_or_none(archive):
     """The archive's messages; ``None`` while the queue does not exist (the worker declares it again)."""
     try:
         return archive.list()
-    except NotFound:
+    except TopologyMissing:
         return None
 
 

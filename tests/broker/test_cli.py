@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from amqp.exceptions import NotFound
 from click.testing import CliRunner
 from helpers import AMQP_EVENTS, TESTS, wait_archived
 from kombu import Connection
 
 from amqp_events.cli import main
+from amqp_events.errors import TopologyMissing
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.installation import roots_directory
 from amqp_events.local.processes import alive
@@ -375,7 +375,7 @@ def test_a_retired_service_s_queues_and_exchanges_are_gone_and_what_is_shared_st
     assert retired.returncode == 0, retired.stdout + retired.stderr
     assert "deleted orders.direct" in retired.stdout and "deleted orders.dead-letter" in retired.stdout
     for gone in ("orders:test.ping", "orders.archive"):  # asked of the broker itself (the management API may lag)
-        with pytest.raises(NotFound):
+        with pytest.raises(TopologyMissing):
             producer.transport.count(gone)
-    assert producer.transport.count("shipping:test.ping") >= 0  # another service's queue stays (no NotFound)
+    assert producer.transport.count("shipping:test.ping") >= 0  # another service's queue stays (no TopologyMissing)
     assert producer.transport.count("amqp_events.delay.00") >= 0  # and what is shared

@@ -12,11 +12,11 @@ import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from amqp.exceptions import NotFound
 from helpers import TESTS, effects_tables
 from sqlalchemy import func, select, text
 
 from amqp_events import events_app
+from amqp_events.errors import TopologyMissing
 from amqp_events.exporter import Exporter
 from amqp_events.history import Query
 from amqp_events.testing import wait_for
@@ -76,7 +76,7 @@ def queued(producer, queue: str) -> int:
     """Messages in ``queue`` (0 while it does not exist yet)."""
     try:
         return producer.transport.count(queue)
-    except NotFound:
+    except TopologyMissing:
         return 0
 
 

@@ -17,7 +17,7 @@ from kombu import Connection, Exchange, Queue
 
 from amqp_events import events_app
 from amqp_events.celery.control import ServiceControl
-from amqp_events.errors import PermissionRefused
+from amqp_events.errors import PermissionRefused, TopologyMissing
 from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 from amqp_events.topology import delays
@@ -58,7 +58,7 @@ def refused(action: Any) -> bool:
     """Did the broker refuse ``action`` (403, or 404 for what the user may not even see)?"""
     try:
         action()
-    except (AccessRefused, NotFound, PermissionRefused):
+    except (AccessRefused, NotFound, PermissionRefused, TopologyMissing):
         return True
     return False
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from amqp.exceptions import NotFound
 from kombu.serialization import dumps
 
-from amqp_events.errors import PublishError, TopologyMissing
+from amqp_events.errors import PublishError
 from amqp_events.topology import Topology
 from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
 from amqp_events.transport.publisher import exchange_to_declare
@@ -40,8 +39,6 @@ class InProcessTransport:
             routed = self.broker.publish(envelope)
         except QueueFull as exc:
             raise PublishError(f"the broker refused {message.event!r} (nack): {exc}") from exc
-        except NotFound as exc:  # as the RabbitMQ transport says it
-            raise TopologyMissing(str(exc)) from exc
         self.mode.published(message, envelope, routed)
         return routed
 
