@@ -35,9 +35,9 @@ from kombu import Connection, Queue
 
 from amqp_events.errors import ManagementError
 from amqp_events.history.watch import HistoryWatch, watch
-from amqp_events.management import ManagementAPI
 from amqp_events.topology.layout import heartbeats_listener
 from amqp_events.topology.names import HISTORY_STREAM, queue_kind
+from amqp_events.transport.management import ManagementAPI
 
 if TYPE_CHECKING:
     from amqp_events.celery import EventsApp

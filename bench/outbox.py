@@ -24,7 +24,7 @@ from amqp_events.inbox.sql import InboxTable
 from amqp_events.outbox.relay import Relay
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.topology import service_topology
-from amqp_events.topology.declare import declare_topology
+from amqp_events.transport.declare import declare_topology
 from bench.harness import Bench, Run, median, percentile, throughput
 from bench.scenarios import Result, Size, ours_app
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from amqp_events import events_app
-from amqp_events.management import ManagementAPI
 from amqp_events.testing import json_lines
+from amqp_events.transport.management import ManagementAPI
 from faults import effects, probes
 from faults.chaos import StrandedDeadLetters
 from faults.plan import SERVICES, poison_of

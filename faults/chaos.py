@@ -9,8 +9,8 @@ import time
 from amqp_events.errors import ManagementError
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
-from amqp_events.management import ManagementAPI
 from amqp_events.testing.workers import WorkerProcess
+from amqp_events.transport.management import ManagementAPI
 from faults.report import Report
 
 

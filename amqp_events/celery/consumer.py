@@ -34,7 +34,7 @@ from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.ordering.runner import OrderedRunner
-from amqp_events.topology.declare import declare_topology
+from amqp_events.transport.declare import declare_topology
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)

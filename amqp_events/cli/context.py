@@ -20,7 +20,7 @@ from amqp_events.errors import (
     TopologyMismatch,
     TopologyMissing,
 )
-from amqp_events.management import ManagementAPI
+from amqp_events.transport.management import ManagementAPI
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -9,9 +9,10 @@ import click
 
 from amqp_events.cli.context import Context, one_line_errors, pass_context
 from amqp_events.topology import Topology
-from amqp_events.topology.check import LiveTopology, differences, expected_bindings
+from amqp_events.topology.check import differences, expected_bindings
 from amqp_events.topology.permissions import rabbitmqctl_commands, service_grants
-from amqp_events.topology.retire import own_parts
+from amqp_events.transport.management import live_topology
+from amqp_events.transport.retire import own_parts
 
 
 @click.group()
@@ -115,7 +116,7 @@ def topology_retire(context: Context, discard: bool, yes: bool) -> None:
 @one_line_errors
 def topology_check(context: Context) -> None:
     """Compare with the live broker (management API), replicas included; exit status 1 when anything is wrong."""
-    live = LiveTopology.read(context.management, context.vhost)
+    live = live_topology(context.management, context.vhost)
     found = differences(context.app.topology, live, context.vhost)
     for difference in found:
         click.echo(str(difference))

@@ -15,8 +15,8 @@ from amqp_events.celery.heartbeats import Beats, listen
 from amqp_events.console.discovery import ServiceQueues, services_in
 from amqp_events.errors import UnknownService
 from amqp_events.inbox.prune import prunable_stores
-from amqp_events.management import ManagementAPI
 from amqp_events.topology.names import HISTORY_STREAM, is_partition_queue
+from amqp_events.transport.management import ManagementAPI
 from amqp_events.wire.archived import ArchivedMessage
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from pathlib import Path
 from amqp_events.errors import LocalServerError
 from amqp_events.local import processes
 from amqp_events.local.installation import Installation, find
-from amqp_events.management import ManagementAPI
+from amqp_events.transport.management import ManagementAPI
 
 LOOPBACK = "127.0.0.1"
 #: The plugins a local node runs: the management API and Prometheus endpoint (both ship with RabbitMQ).

@@ -25,7 +25,7 @@ from amqp_events.local import partition as cutting
 from amqp_events.local import processes
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.installation import Installation, find
-from amqp_events.management import ManagementAPI
+from amqp_events.transport.management import ManagementAPI
 
 CLUSTER_CONFIG = {
     # Leaders of new quorum queues spread over the nodes (the default puts them on the declaring client's node).

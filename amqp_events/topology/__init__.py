@@ -3,8 +3,11 @@
 * :mod:`~amqp_events.topology.names`: service, event and queue names;
 * :mod:`~amqp_events.topology.delays`: the delay ladder's routing keys (pure maths);
 * :mod:`~amqp_events.topology.layout`: the topology as plain kombu ``Exchange``/``Queue`` objects (pure);
-* :mod:`~amqp_events.topology.declare`: declaring it on a live broker;
 * :mod:`~amqp_events.topology.check`: comparing it with what a live broker has.
+
+Declaring it on a live broker, reading what one has and retiring it are the
+transport's (:mod:`~amqp_events.transport.declare`, :mod:`~amqp_events.transport.management`,
+:mod:`~amqp_events.transport.retire`).
 """
 
 from amqp_events.topology.layout import Binding, Topology

@@ -7,10 +7,14 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from amqp_events.management import ManagementAPI
 from amqp_events.topology import delays
-from amqp_events.topology.declare import no_delivery_limit_policy
-from amqp_events.topology.layout import DELIVERY_LIMIT, KEPT_AS_THEY_ARE, NO_DELIVERY_LIMIT, Topology
+from amqp_events.topology.layout import (
+    DELIVERY_LIMIT,
+    KEPT_AS_THEY_ARE,
+    NO_DELIVERY_LIMIT,
+    Topology,
+    no_delivery_limit_policy,
+)
 from amqp_events.topology.names import ordered_exchange_name
 
 #: (source exchange, destination, "queue" or "exchange", routing key)
@@ -49,20 +53,6 @@ class LiveTopology:
     nodes: list[str] = field(default_factory=list)
     #: The RabbitMQ version of the node that answered ("" when unknown).
     version: str = ""
-
-    @classmethod
-    def read(cls, management: ManagementAPI, vhost: str) -> LiveTopology:
-        return cls(
-            exchanges={item["name"]: item for item in management.exchanges(vhost) if item["name"]},
-            queues={item["name"]: item for item in management.queues(vhost)},
-            bindings={
-                (item["source"], item["destination"], item["destination_type"], item["routing_key"])
-                for item in management.bindings(vhost)
-                if item["source"]  # every queue is bound to the default exchange: not ours to check
-            },
-            nodes=[item["name"] for item in management.nodes()],
-            version=management.version(),
-        )
 
     @property
     def limits_deliveries_by_default(self) -> bool:

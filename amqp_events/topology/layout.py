@@ -1,6 +1,6 @@
 """A service's exchanges, queues and bindings, computed as plain kombu objects.
 
-Nothing here talks to a broker: :mod:`amqp_events.topology.declare` does that. The
+Nothing here talks to a broker: :mod:`amqp_events.transport.declare` does that. The
 layout (docs/reference/topology.md) for a service ``orders`` handling ``E`` events:
 
 * ``events`` (topic): every fired event, routing key = event name.
@@ -26,6 +26,9 @@ layout (docs/reference/topology.md) for a service ``orders`` handling ``E`` even
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 import uuid
 from dataclasses import dataclass, field
 
@@ -55,7 +58,7 @@ NO_DELIVERY_LIMIT = 2**31 - 1
 #: The history's retention: the first service to declare it sets it, the others keep it (a policy changes it).
 RETENTION = ("x-max-age", "x-max-length-bytes", "x-stream-max-segment-size-bytes")
 #: Arguments an existing queue may lack (created by an earlier version, or by hand) or have otherwise: it is kept
-#: as it is (see :func:`amqp_events.topology.declare.declare_topology`), and ``topology check`` notes it.
+#: as it is (see :func:`amqp_events.transport.declare.declare_topology`), and ``topology check`` notes it.
 KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT, *RETENTION, *DEAD_LETTERING)
 #: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
 SAFE_DEAD_LETTERING: dict[str, object] = {
@@ -304,4 +307,14 @@ def archive_queue(service: str, settings: Settings) -> Queue:
             **quorum(settings),
             **bounded(settings.archive_ttl_ms, settings.archive_max_length),
         },
+    )
+
+
+def no_delivery_limit_policy(queue: str, vhost: str) -> str:
+    """The command that lifts the delivery limit of ``queue``, created without the library's own."""
+    pattern = "^" + re.escape(queue) + "$"
+    definition = json.dumps({"delivery-limit": NO_DELIVERY_LIMIT})
+    return (
+        f"rabbitmqctl set_policy -p {shlex.quote(vhost)} --apply-to queues --priority 10 "
+        f"{shlex.quote(queue + '-delivery-limit')} {shlex.quote(pattern)} {shlex.quote(definition)}"
     )

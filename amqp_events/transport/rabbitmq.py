@@ -15,11 +15,11 @@ from kombu.exceptions import OperationalError
 
 from amqp_events.errors import PermissionRefused, PublishError, TopologyMissing
 from amqp_events.topology import Topology
-from amqp_events.topology.declare import declare_topology
-from amqp_events.topology.retire import Retired, retire_topology
 from amqp_events.transport import streams
 from amqp_events.transport.base import Browsed, StreamReading
+from amqp_events.transport.declare import declare_topology
 from amqp_events.transport.publisher import ConfirmedBatchPublisher, Connections, Publisher
+from amqp_events.transport.retire import Retired, retire_topology
 from amqp_events.wire.message import OutgoingMessage, StoredMessage
 
 
@@ -49,7 +49,7 @@ class RabbitMQ:
             declare_topology(connection, topology)
 
     def retire(self, topology: Topology, discard: bool = False) -> Retired:
-        """Delete the service's own queues and exchanges (:mod:`amqp_events.topology.retire`)."""
+        """Delete the service's own queues and exchanges (:mod:`amqp_events.transport.retire`)."""
         with self.app.connection_for_write() as connection:
             return retire_topology(connection, topology, discard)
 

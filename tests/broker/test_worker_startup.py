@@ -9,8 +9,8 @@ from amqp_events import TopologyMismatch, events_app
 from amqp_events.settings import Settings
 from amqp_events.testing import wait_for
 from amqp_events.topology import service_topology
-from amqp_events.topology.declare import declare_topology
 from amqp_events.topology.layout import KEPT_AS_THEY_ARE, earlier_dead_lettering
+from amqp_events.transport.declare import declare_topology
 
 
 def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq, vhost):

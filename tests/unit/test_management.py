@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from base64 import b64decode
 
-from amqp_events.management import ManagementAPI
+from amqp_events.transport.management import ManagementAPI
 
 
 def credentials(api: ManagementAPI) -> str:

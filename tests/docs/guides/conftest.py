@@ -31,11 +31,11 @@ from kombu import Connection
 
 from amqp_events import EventsApp, events_app
 from amqp_events.errors import LocalServerError
-from amqp_events.management import ManagementAPI
 from amqp_events.testing import wait_for
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
 from amqp_events.testing.workers import WorkerProcess
+from amqp_events.transport.management import ManagementAPI
 
 #: The databases the pages' URLs name (``postgresql+psycopg://shop@localhost/shop``): role and database alike.
 DATABASES = ("shop", "payments")

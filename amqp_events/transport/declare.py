@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import shlex
 from typing import Any
 
 from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
@@ -15,9 +13,9 @@ from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMiss
 from amqp_events.topology.layout import (
     DELIVERY_LIMIT,
     KEPT_AS_THEY_ARE,
-    NO_DELIVERY_LIMIT,
     Topology,
     earlier_dead_lettering,
+    no_delivery_limit_policy,
 )
 
 logger = logging.getLogger(__name__)
@@ -140,16 +138,6 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
                 no_delivery_limit_policy(name, connection.virtual_host),
             )
     return list(kept)
-
-
-def no_delivery_limit_policy(queue: str, vhost: str) -> str:
-    """The command that lifts the delivery limit of ``queue``, created without the library's own."""
-    pattern = "^" + re.escape(queue) + "$"
-    definition = json.dumps({"delivery-limit": NO_DELIVERY_LIMIT})
-    return (
-        f"rabbitmqctl set_policy -p {shlex.quote(vhost)} --apply-to queues --priority 10 "
-        f"{shlex.quote(queue + '-delivery-limit')} {shlex.quote(pattern)} {shlex.quote(definition)}"
-    )
 
 
 def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: dict[str, list[str]]) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 
 from amqp_events.environment import variable
 from amqp_events.errors import ManagementError
+from amqp_events.topology.check import LiveTopology
 
 
 class ManagementAPI:
@@ -96,3 +97,18 @@ class ManagementAPI:
 
 def _quote(name: str) -> str:
     return urllib.parse.quote(name, safe="")
+
+
+def live_topology(management: ManagementAPI, vhost: str) -> LiveTopology:
+    """What the management API reports for ``vhost``, to compare with a service's topology."""
+    return LiveTopology(
+        exchanges={item["name"]: item for item in management.exchanges(vhost) if item["name"]},
+        queues={item["name"]: item for item in management.queues(vhost)},
+        bindings={
+            (item["source"], item["destination"], item["destination_type"], item["routing_key"])
+            for item in management.bindings(vhost)
+            if item["source"]  # every queue is bound to the default exchange: not ours to check
+        },
+        nodes=[item["name"] for item in management.nodes()],
+        version=management.version(),
+    )
