@@ -22,6 +22,15 @@ class PublishError(RuntimeError):
         self.event_ids = tuple(event_ids)
 
 
+class MessageRefused(PublishError):
+    """The broker closed the channel over a message it would not take; ``permanent``: it never will as it is
+    (larger than the broker's ``max_message_size``, say)."""
+
+    def __init__(self, text: str, permanent: bool) -> None:
+        super().__init__(text)
+        self.permanent = permanent
+
+
 class TopologyMissing(RuntimeError):
     """A queue or exchange the library needs is not on the broker."""
 

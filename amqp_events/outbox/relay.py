@@ -35,10 +35,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from amqp.exceptions import ChannelError, PreconditionFailed
-
 from amqp_events.core.context import ServiceContext
-from amqp_events.errors import RelayConflict
+from amqp_events.errors import MessageRefused, RelayConflict
 from amqp_events.metrics import OutboxMetrics
 from amqp_events.outbox.store import OutboxRow, OutboxStore
 from amqp_events.topology import delays
@@ -159,7 +157,7 @@ class Relay:
             self.store.release(self.name, messages)
             self._settle(rows, [], errors, permanent)
             raise
-        except ChannelError as exc:  # one message closed the channel: find which, one at a time
+        except MessageRefused as exc:  # one message closed the channel: find which, one at a time
             logger.warning("outbox relay %s: the broker closed the channel (%s); publishing one by one", self.name, exc)
             confirmed, refused, returned = self._publish_one_by_one(messages, errors, permanent)
         for row_id in refused:
@@ -184,7 +182,7 @@ class Relay:
             for row_id, message in messages.items():
                 publisher.publish(message, key=row_id)
             publisher.wait()
-        except ChannelError:
+        except MessageRefused:
             self._drop_publisher()
             raise
         except self._broker_errors as exc:
@@ -203,9 +201,9 @@ class Relay:
         for row_id, message in messages.items():
             try:
                 done, nacked, unrouted = self._publish_pipelined({row_id: message})
-            except ChannelError as exc:
-                errors[row_id] = f"the broker closed the channel: {exc}"
-                if isinstance(exc, PreconditionFailed):  # e.g. larger than the broker's max_message_size
+            except MessageRefused as exc:
+                errors[row_id] = str(exc)
+                if exc.permanent:  # e.g. larger than the broker's max_message_size
                     permanent.add(row_id)
                 continue
             confirmed += done

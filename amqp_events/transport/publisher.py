@@ -13,14 +13,15 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any, Protocol
 
-from amqp.exceptions import MessageNacked
+from amqp.exceptions import ChannelError, MessageNacked, PreconditionFailed
 from kombu import Connection, Exchange, Producer
 from kombu.exceptions import OperationalError
 from kombu.serialization import dumps
 
-from amqp_events.errors import PublishError
+from amqp_events.errors import MessageRefused, PublishError
 from amqp_events.topology.names import is_direct_exchange, is_ordered_exchange
 from amqp_events.wire.message import OutgoingMessage
 
@@ -237,7 +238,12 @@ class ConfirmedBatchPublisher:
         self._open(time.monotonic() + timeout)
 
     def publish(self, message: OutgoingMessage, key: Any = None) -> None:
-        """Send ``message`` without waiting for its confirm (at most ``window`` are in flight)."""
+        """Send ``message`` without waiting for its confirm (at most ``window`` are in flight);
+        :class:`~amqp_events.errors.MessageRefused` when the broker closed the channel over one."""
+        with _closed_channel_is_refused():
+            self._publish(message, key)
+
+    def _publish(self, message: OutgoingMessage, key: Any) -> None:
         entry = (message.message_id if key is None else key, message)
         deadline = time.monotonic() + self.timeout
         while True:
@@ -254,6 +260,10 @@ class ConfirmedBatchPublisher:
 
     def wait(self) -> None:
         """Wait until the broker confirmed everything sent so far (or refused it until ``timeout``)."""
+        with _closed_channel_is_refused():
+            self._wait()
+
+    def _wait(self) -> None:
         deadline = time.monotonic() + self.timeout
         pause = FIRST_PAUSE
         self._drain(until=0)
@@ -263,7 +273,7 @@ class ConfirmedBatchPublisher:
             self._reopen_channel(deadline)
             again, self._nacked = self._nacked, []
             for key, message in again:
-                self.publish(message, key)
+                self._publish(message, key)
             self._drain(until=0)
         self.refused.extend(key for key, _ in self._nacked)
         self._nacked = []
@@ -370,3 +380,11 @@ class ConfirmedBatchPublisher:
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Any) -> None:
         self.returned.add(message.properties.get("message_id"))
+
+
+@contextlib.contextmanager
+def _closed_channel_is_refused() -> Iterator[None]:
+    try:
+        yield
+    except ChannelError as exc:  # the channel is gone with it: the caller starts another batch
+        raise MessageRefused(f"the broker closed the channel: {exc}", isinstance(exc, PreconditionFailed)) from exc
