@@ -24,7 +24,7 @@ from amqp_events.asyncapi.schemas import payload_schema
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.events import Event
 from amqp_events.topology import delays
-from amqp_events.topology.names import SLOTS
+from amqp_events.topology.names import SLOTS, ordered_exchange_name
 from amqp_events.wire.message import DUE_AT, EVENT_KEY, EVENT_SLOT, FIRED_AT, FIRED_BY
 
 VERSION = "3.0.0"
@@ -83,8 +83,9 @@ def document(
         if name in handled:
             handler = handled[name]
             if handler.ordered:  # one channel per event: its partitions are shared with other events
-                queue = f"{handler.queue}:{name}"
-                channels[queue] = _ordered_channel(service, name, handler.queue, vhost, settings.partitions)
+                ordered = ordered_exchange_name(service)
+                queue = f"{ordered}:{name}"
+                channels[queue] = _ordered_channel(service, name, ordered, vhost, settings.partitions)
             else:
                 queue = handler.queue
                 channels[queue] = _queue_channel(service, name, queue, vhost)

@@ -12,7 +12,8 @@ from amqp_events.celery.task import EventHandler
 from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import Handler
 from amqp_events.errors import DuplicateHandler
-from amqp_events.topology import check_event_name, event_queue_name, ordered_exchange_name
+from amqp_events.topology import check_event_name, event_queue_name
+from amqp_events.topology.names import intake_queue_name
 from amqp_events.wire import cloud_events
 
 P = ParamSpec("P")
@@ -84,12 +85,12 @@ class HandlerDecorator:
                 "plain def (call your coroutine with asyncio.run() inside it if you must)"
             )
         options["retry_options"] = {**celery_retry_options(target, options, described), **options["retry_options"]}
+        ordered = self.options.get("ordered_by") is not None  # its messages come in through the service's intake
+        queue = intake_queue_name(app.service) if ordered else event_queue_name(app.service, event)
         handler = Handler(
             event=event,
             name=described,
-            queue=ordered_exchange_name(app.service)
-            if self.options.get("ordered_by")
-            else event_queue_name(app.service, event),
+            queue=queue,
             function=function,
             takes_self=self.bind or isinstance(target, type),
             event_class=self.event_class,

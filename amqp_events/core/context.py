@@ -229,10 +229,6 @@ class ServiceContext:
         ordered = [event for event, handler in self.handlers.items() if handler.ordered]
         return service_topology(self.name, self.handlers, self.settings, ordered)
 
-    @cached_property
-    def handlers_by_queue(self) -> dict[str, Handler]:
-        return {handler.queue: handler for handler in self.handlers.values()}
-
     def handling(self, handler: Handler | None) -> Handling:
         """The rules ``handler`` runs by (the app's for a message no handler takes)."""
         found = self._rules.get(handler)

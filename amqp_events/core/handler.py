@@ -29,7 +29,8 @@ class Handler:
     event: str
     #: The function or class registered, as ``module.qualname``: its name in logs, metrics and the archive.
     name: str
-    #: The service's queue of the event: where its messages (and their retries) wait.
+    #: The queue its messages come in: the service's queue of the event, where they (and their retries) wait;
+    #: for an ordered handler, the service's intake (its messages then wait in the service's partitions).
     queue: str
     #: The registered function (or a class-based handler's ``run``), as written.
     function: Callable[..., Any]

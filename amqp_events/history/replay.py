@@ -33,7 +33,13 @@ from amqp_events.errors import BadArguments, PublishError, TopologyMissing
 from amqp_events.history import gates
 from amqp_events.history.records import HistoricEvent, NamesOf, Query, events_in, start_of
 from amqp_events.topology import service_topology
-from amqp_events.topology.names import HISTORY_STREAM, history_cursor_queue_name, slot_of, to_queue
+from amqp_events.topology.names import (
+    HISTORY_STREAM,
+    history_cursor_queue_name,
+    ordered_exchange_name,
+    slot_of,
+    to_queue,
+)
 from amqp_events.transport.base import BatchPublisher
 from amqp_events.wire import batch
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, JSON, OutgoingMessage, copy_headers, event_key
@@ -176,7 +182,7 @@ class HistoryReplay:
                     progress(event.offset, reading.end)
                 if handler is None:
                     continue
-                copy = replayed_copy(event, handler, report.replay)
+                copy = replayed_copy(event, self.context.name, handler, report.replay)
                 if handler.ordered or not batches.add(handler, copy):
                     batches.publish_alone(copy)
                 sent += 1
@@ -218,11 +224,13 @@ def read_cursor(context: ServiceContext) -> Cursor | None:
     return found
 
 
-def replayed_copy(event: HistoricEvent, handler: Handler, replay: str) -> OutgoingMessage:
+def replayed_copy(event: HistoricEvent, service: str, handler: Handler, replay: str) -> OutgoingMessage:
     """What a replay publishes: the event as it was fired, to ``handler``'s queue (or ordered exchange) alone."""
     message = event.message
     headers = copy_headers(message.headers, retries=0, **{HISTORY_REPLAY: replay})
-    exchange, routing_key = (handler.queue, event.event) if handler.ordered else to_queue(handler.queue)
+    exchange, routing_key = (
+        (ordered_exchange_name(service), event.event) if handler.ordered else to_queue(handler.queue)
+    )
     if handler.ordered and EVENT_SLOT not in headers:
         headers.update(_key_and_slot(event, handler))
     return OutgoingMessage(
