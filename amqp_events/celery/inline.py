@@ -1,7 +1,10 @@
 """Running one message of a service in the caller's thread, as a ``celery worker`` with the solo pool
-would: the consumer's admission (archiving what cannot run), then Celery's ``Request`` of the handler task,
-traced by Celery in this thread. The in-process mode of :mod:`amqp_events.testing` runs every message
-through here, so that an outcome there is decided by the very code a worker runs.
+would: the consumer's admission (archiving what cannot run), then the handler task's strategy: the pipeline
+on the message itself (:func:`amqp_events.celery.strategy.handler_of`), an ordered handler's through its
+runner, and Celery's ``Request``, traced in this thread, where something configured needs Celery's own path
+(:func:`~amqp_events.celery.strategy.needs_celery_request`). The in-process mode of
+:mod:`amqp_events.testing` runs every message through here, so that an outcome there is decided by the very
+code a worker runs.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_contract.py runs the same scenarios here and on a broker).
 """
@@ -20,6 +23,7 @@ from kombu.utils.imports import symbol_by_name
 
 from amqp_events.celery import batches, ordered
 from amqp_events.celery.received import Archiver, admit
+from amqp_events.celery.strategy import handler_of, may_bypass_celery_request, needs_celery_request
 from amqp_events.errors import NotModelled
 from amqp_events.ordering.runner import Executor, OrderedRunner
 from amqp_events.wire.batch import is_batch
@@ -36,6 +40,8 @@ class InlineWorker:
         self.archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
         #: Ordered handlers' messages, run by the runner a worker's consumer has, on ``executor``.
         self.runner = OrderedRunner(lambda: app.context, executor)
+        #: Each handler task's run on a message, as a solo worker's strategy makes it.
+        self.handlers: dict[str, Callable[[Any, Any, Any], None]] = {}
 
     def run(
         self,
@@ -72,6 +78,9 @@ class InlineWorker:
             if held is not None:
                 self.runner.take(held)
             return held is not None
+        if may_bypass_celery_request(task, sends_events=False) and not needs_celery_request(message.headers, ()):
+            self._run_here(task, message)
+            return False
         request = symbol_by_name(task.Request)(
             message,
             on_ack=message.ack_log_error,
@@ -86,6 +95,17 @@ class InlineWorker:
         )
         request.execute_using_pool(self.pool)
         return False
+
+    def _run_here(self, task: Any, message: Message) -> None:
+        handle = self.handlers.get(task.name)
+        if handle is None:
+            handle = self.handlers[task.name] = handler_of(task, self.app, self.hostname, ())
+        try:
+            handle(message, _ack(message), _reject(message))
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise lost_process(self.app, exc) from exc
 
 
 def _ack(message: Message) -> Callable[..., None]:
@@ -120,12 +140,16 @@ class InlinePool:
         except Exception:
             raise
         except BaseException as exc:
-            raise NotModelled(
-                f"a handler of {self.app.service!r} ended its process ({exc!r}): the in-process mode does not "
-                "model lost worker processes; test that with real workers (amqp_events.testing.fixtures)"
-            ) from exc
+            raise lost_process(self.app, exc) from exc
         if callback is not None:
             callback(result)
+
+
+def lost_process(app: Any, exc: BaseException) -> NotModelled:
+    return NotModelled(
+        f"a handler of {app.service!r} ended its process ({exc!r}): the in-process mode does not "
+        "model lost worker processes; test that with real workers (amqp_events.testing.fixtures)"
+    )
 
 
 class NoArchiveRetries:

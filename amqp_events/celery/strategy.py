@@ -63,19 +63,18 @@ def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., 
         return ordered_strategy(task, app, consumer)
     celery_path: Callable[..., Any] = splitting(default(task, app, consumer, **options), task, app, consumer)
     pool = consumer.pool
-    if not (isinstance(pool, SoloPool | ThreadsPool) and may_bypass_celery_request(task, consumer)):
+    eventer = consumer.event_dispatcher
+    sends_events = bool(eventer and eventer.enabled and task.send_events)
+    if not (isinstance(pool, SoloPool | ThreadsPool) and may_bypass_celery_request(task, sends_events)):
         return celery_path
     revoked = consumer.controller.state.revoked
-    handle, run_batch = handler_of(task, app, consumer), batch_runner(task, app, consumer)
+    handle = handler_of(task, app, consumer.hostname, consumer.connection_errors)
+    run_batch = batch_runner(task, app, consumer)
     in_a_thread = pool.apply_async if isinstance(pool, ThreadsPool) else None
 
     def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
         headers = message.headers
-        if (
-            any(signal.receivers for signal in TASK_SIGNALS)
-            or headers.get("id") in revoked
-            or any(headers.get(key) for key in CELERY_ONLY)
-        ):
+        if needs_celery_request(headers, revoked):
             return celery_path(message, body, ack, reject, callbacks, **more)
         run = run_batch if is_batch(headers) else handle
         if in_a_thread is None:
@@ -87,15 +86,17 @@ def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., 
     return on_message
 
 
-def handler_of(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], None]:
-    """Handle one message of ``task`` through the pipeline, then ack or reject it with its promises."""
+def handler_of(
+    task: Any, app: Any, hostname: str, errors: tuple[type[BaseException], ...]
+) -> Callable[[Any, Any, Any], None]:
+    """Handle one message of ``task`` through the pipeline, then ack or reject it with its promises (which log
+    ``errors`` rather than raise them)."""
     handler = task.handler
-    errors = consumer.connection_errors  # what the ack and reject promises log rather than raise
 
     def handle(message: Any, ack: Any, reject: Any) -> None:
         delivery = decoded_delivery(message, handler.queue)
         try:
-            run_here(app, task, delivery, message.delivery_info, consumer.hostname)
+            run_here(app, task, delivery, message.delivery_info, hostname)
         except Reject as exc:  # the handler rejected its message itself
             reject(logger, errors, exc.requeue)
             return
@@ -108,7 +109,15 @@ def handler_of(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], 
     return handle
 
 
-def may_bypass_celery_request(task: Any, consumer: Any) -> bool:
-    """May ``task``'s messages skip Celery's per-message work (nothing configured relies on it)?"""
-    eventer = consumer.event_dispatcher
-    return task.acks_late and not task.rate_limit and not (eventer and eventer.enabled and task.send_events)
+def may_bypass_celery_request(task: Any, sends_events: bool) -> bool:
+    """May ``task``'s messages skip Celery's per-message work (nothing configured for the task relies on it)?"""
+    return bool(task.acks_late and not task.rate_limit and not sends_events)
+
+
+def needs_celery_request(headers: Any, revoked: Any) -> bool:
+    """Does this message need Celery's own path (a task signal's receiver, a revoked id, ``eta``/``expires``)?"""
+    return (
+        any(signal.receivers for signal in TASK_SIGNALS)
+        or headers.get("id") in revoked
+        or any(headers.get(key) for key in CELERY_ONLY)
+    )

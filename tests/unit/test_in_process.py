@@ -413,3 +413,25 @@ def test_an_ordered_handler_s_retry_keeps_its_place_and_other_keys_go_on():
         assert runs == [("a-1", 1), ("a-2", 1), ("a-2", 2)]  # a-1's second waits behind its first one's retry
         assert events.drain() == 1  # the retry's backoff, held by the worker (one partition: a-2 shares it)
     assert runs == [("a-1", 1), ("a-2", 1), ("a-2", 2), ("a-1", 1), ("a-1", 2)]
+
+
+def test_a_receiver_of_celery_s_task_signals_gets_celery_s_path_as_in_a_solo_worker(billing, shipping):
+    from celery import signals
+
+    ran, seen = [], []
+
+    @shipping.handler("billing.invoice.paid")
+    def book(invoice_id: int):
+        ran.append(invoice_id)
+
+    def prerun(task_id=None, task=None, **_):
+        seen.append(task.name)
+
+    with in_process(billing, shipping):
+        billing.fire("billing.invoice.paid", [1], {})  # the library's own path: no receiver yet
+        signals.task_prerun.connect(prerun, weak=False)
+        try:
+            billing.fire("billing.invoice.paid", [2], {})  # Celery's Request, traced: the receiver sees it
+        finally:
+            signals.task_prerun.disconnect(prerun)
+    assert ran == [1, 2] and seen == ["billing.invoice.paid"]
