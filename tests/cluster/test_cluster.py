@@ -87,6 +87,13 @@ def test_every_queue_has_a_replica_on_every_node_and_leaders_are_spread(cluster,
     cluster.nodes.nodes[0].rabbitmqctl(
         "delete_member", "-p", vhost, "orders.archive", cluster.nodes.node_name(2), program="rabbitmq-queues"
     )
+
+    def members() -> int:
+        [archive] = [queue for queue in cluster.management.queues(vhost) if queue["name"] == "orders.archive"]
+        return len(archive["members"])
+
+    # The management API reports membership from statistics it collects every few seconds.
+    wait_for(lambda: members() == 2, 60, what="the management API reporting 2 members of orders.archive")
     reduced = cli(*check)
     assert reduced.exit_code == 1
     assert "under-replicated queue 'orders.archive': 2 member(s) of 3" in reduced.output
