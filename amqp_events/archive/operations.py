@@ -200,10 +200,7 @@ class Archive:
         """Every archived message, oldest first (by ``archived_at``: a quorum queue given back the messages a
         browse took may not keep their order), each with the function that removes it."""
         with self.context.transport.browse(self.queue) as stored:
-            entries = [
-                (ArchivedMessage.from_parts(m.headers, m.body, m.content_type, m.content_encoding), remove)
-                for m, remove in stored
-            ]
+            entries = [(ArchivedMessage.of(message), remove) for message, remove in stored]
             yield iter(sorted(entries, key=lambda entry: _archived_at(entry[0])))
 
 

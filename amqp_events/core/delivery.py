@@ -9,17 +9,14 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp_events.wire.message import EMPTY_EMBED, JSON, LOST_RUNS, EventMetadata, event_id, event_name
+from amqp_events.wire.message import EMPTY_EMBED, JSON, LOST_RUNS, EventMetadata, StoredMessage, event_id, event_name
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
-    """A message as it arrived, before anything decoded it (what ``before_receive`` hooks read)."""
+@dataclass(frozen=True)
+class Received(StoredMessage):
+    """A message as it arrived, before anything decoded it (what ``before_receive`` hooks read): a stored
+    message with the exchange and routing key it came through."""
 
-    headers: Mapping[str, Any]
-    body: bytes
-    content_type: str | None
-    content_encoding: str | None
     exchange: str = ""
     routing_key: str = ""
 

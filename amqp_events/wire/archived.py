@@ -174,9 +174,9 @@ class ArchivedMessage:
     cloud_event: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_parts(
-        cls, headers: dict[str, Any], body: bytes, content_type: str | None, content_encoding: str | None
-    ) -> ArchivedMessage:
+    def of(cls, stored: StoredMessage) -> ArchivedMessage:
+        """An archived message as it sits in its archive queue."""
+        headers, body, content_type = dict(stored.headers), stored.body, stored.content_type
         read = {**_dead_lettered(headers), **headers}
         service = str(read.get(ARCHIVE_SERVICE) or "")
         cloud_event = cloud_events.attributes_of(headers, body, content_type)
@@ -201,7 +201,7 @@ class ArchivedMessage:
             headers=headers,
             body=body,
             content_type=content_type,
-            content_encoding=content_encoding,
+            content_encoding=stored.content_encoding,
             cloud_event=cloud_event,
         )
 
@@ -273,7 +273,9 @@ class ArchivedMessage:
     def from_json(cls, data: dict[str, Any]) -> ArchivedMessage:
         raw = data["body"]
         body = base64.b64decode(raw) if data.get("body_encoding") == "base64" else raw.encode("utf-8")
-        return cls.from_parts(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
+        return cls.of(
+            StoredMessage(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
+        )
 
 
 def _dead_lettered(headers: Mapping[str, Any]) -> dict[str, Any]:

@@ -77,7 +77,7 @@ def parse_time(value: Any) -> datetime | None:
 class StoredMessage:
     """A message as it sits in a queue: what browsing a queue returns."""
 
-    headers: dict[str, Any]
+    headers: Mapping[str, Any]
     body: bytes
     content_type: str | None
     content_encoding: str | None

@@ -8,6 +8,7 @@ import pickle
 from amqp_events import Reason
 from amqp_events.archive import ArchivedMessage, Selection, replay_message
 from amqp_events.wire.archived import Delivered, Failure, archived_message
+from amqp_events.wire.message import StoredMessage
 
 
 def archived(body: bytes, content_type: str = "application/json", **headers: object) -> ArchivedMessage:
@@ -22,7 +23,9 @@ def archived(body: bytes, content_type: str = "application/json", **headers: obj
     )
     failure = Failure.from_exception(Reason.MAX_RETRIES, ValueError("boom" * 1000), attempts=4)
     message = archived_message(delivered, failure, "orders", "orders.handlers.on_a")
-    return ArchivedMessage.from_parts(message.headers, message.body, message.content_type, message.content_encoding)
+    return ArchivedMessage.of(
+        StoredMessage(message.headers, message.body, message.content_type, message.content_encoding)
+    )
 
 
 def test_an_archived_message_keeps_body_and_reason_and_bounds_the_exception_text():
