@@ -10,7 +10,7 @@ from celery import Task
 
 from amqp_events.celery.task import EventHandler
 from amqp_events.core.events import Event, EventKey, Fires, event_class
-from amqp_events.core.handler import Handler
+from amqp_events.core.handler import RETRY_OPTIONS, Handler
 from amqp_events.errors import DuplicateHandler
 from amqp_events.topology import check_event_name, event_queue_name
 from amqp_events.topology.names import intake_queue_name
@@ -102,6 +102,7 @@ class HandlerDecorator:
             ordered_by=options.pop("ordered_by"),
             on_archive=options.pop("on_archive", "park"),
         )
+        check_task_options(options, described)
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options
         if isinstance(target, type) and issubclass(target, Task):
             bases = (target,) if issubclass(target, EventHandler) else (target, EventHandler)
@@ -112,6 +113,21 @@ class HandlerDecorator:
             app.task(name=event, base=EventHandler, bind=self.bind, shared=False, **attributes)(function)
         app.add_handler(handler)
         return target
+
+
+#: The options ``@app.handler`` takes itself (the others are Celery task options).
+HANDLER_OPTIONS = ("bind", *RETRY_OPTIONS, "inbox", "dedup", "breaker", "requires", "ordered_by", "on_archive")
+
+
+def check_task_options(options: dict[str, Any], described: str) -> None:
+    """What is left of ``@app.handler``'s ``options`` once the library took its own must be Celery task options
+    (attributes of ``celery.Task``): a misspelt option would otherwise become a task attribute nothing reads."""
+    unknown = sorted(name for name in options if not hasattr(Task, name))
+    if unknown:
+        raise TypeError(
+            f"{described}: unknown handler option(s) {', '.join(unknown)}: the library's are "
+            f"{', '.join(HANDLER_OPTIONS)}; any other is a Celery task option (acks_late, rate_limit, time_limit...)"
+        )
 
 
 #: Celery's retry options, each as the library's retry policy says it (``None``: refused, with the reason).

@@ -227,3 +227,13 @@ def test_timers_call_in_due_order_never_early_and_cancel_by_tag():
     assert timers.pending() == 1
     timers.stop()
     assert timers.pending() == 0
+
+
+def test_a_misspelt_handler_option_is_an_error_listing_the_known_ones(app):
+    with pytest.raises(TypeError, match=r"unknown handler option\(s\) ordred_by: the library's are bind, .*ordered_by"):
+
+        @app.handler("accounts.money.moved", ordred_by="account")
+        def moved(account: str): ...
+
+    @app.handler("accounts.money.moved", acks_late=True, rate_limit="10/s")  # Celery's own task options
+    def fine(account: str): ...
