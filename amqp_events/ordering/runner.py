@@ -61,9 +61,10 @@ class Rejected:
     requeue: bool
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Held:
-    """A message of an ordered handler in the runner: running, waiting behind its key, or waiting for its retry."""
+    """A message of an ordered handler in the runner: running, waiting behind its key, or waiting for its retry.
+    Only the runner changes it (its turn when taken, its action when first run, its delivery for a retry)."""
 
     key: str
     handler: Handler
@@ -103,7 +104,7 @@ class OrderedRunner:
 
     def take(self, held: Held) -> None:
         """A message arrived: run it now, or after the one of its key before it."""
-        held = replace(held, turn=self.turns[held.partition])
+        held.turn = self.turns[held.partition]
         if self.lanes[held.partition].offer(held.key, held):
             self.submit(held)
 
@@ -179,14 +180,14 @@ class OrderedRunner:
                 action = parking.admit(held.partition, held.key, delivery.event_id, delivery.headers)
                 if not takes_part(action, parking, held):
                     return self.done(held)
-                held = replace(held, action=action)
+                held.action = action
             outcome = held.run(delivery)
             if isinstance(outcome, Rejected):  # the handler rejected its message itself: it gives up its place
                 held.reject(outcome.requeue)
                 return self.lanes[held.partition].finish(held.key) if self.current(held) else None
             if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
-                again = replace(held, delivery=retried(delivery, outcome))
-                self.later(min(float(outcome.delay), LONGEST_HOLD), again)
+                held.delivery = retried(delivery, outcome)
+                self.later(min(float(outcome.delay), LONGEST_HOLD), held)
                 return None
             archived = isinstance(outcome, SendToArchive)
             parking.ran(held.partition, held.key, delivery.event_id, action, archived, held.handler.parks)
