@@ -12,6 +12,6 @@ def test_two_invoices_are_shipped_and_one_is_archived_after_its_retries(n):
         for invoice_id in range(3 * n, 3 * n + 3):
             invoice_paid(invoice_id, "10.00")
         events.drain()
-        assert sorted(run.args[0] for run in events.handled("shipping")) == [3 * n + 1, 3 * n + 2]
+        assert sorted(run.kwargs["invoice_id"] for run in events.handled("shipping")) == [3 * n + 1, 3 * n + 2]
         [archived] = events.archived("shipping")
         assert (archived.reason, archived.attempts) == ("max_retries", 3)
