@@ -215,5 +215,7 @@ def test_a_django_handler_with_the_django_inbox_writes_once(postgres_url, worker
     flaky = producer.fire("pay.django", ["flaky"], {"how": {"fail_times": 1}})
     wait_for(lambda: "duplicate skipped" in process.log(), 30, what="the duplicate skipped")
     assert [run["attempt"] for run in records.wait(2, id=flaky)] == [1, 2]
+    # The run is recorded from inside the handler: its transaction (the effect and the inbox row) commits after.
+    wait_for(lambda: effect_count(engine, event_id=flaky) >= 1, 30, what="the retried run's effect committed")
     assert effect_count(engine, event_id=twice) == 1 and effect_count(engine, event_id=flaky) == 1
     engine.dispose()
