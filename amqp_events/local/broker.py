@@ -27,7 +27,7 @@ from amqp_events.transport.management import ManagementAPI
 LOOPBACK = "127.0.0.1"
 #: The plugins a local node runs: the management API and Prometheus endpoint (both ship with RabbitMQ).
 #: Starts of a node whose distribution port another process took in the meantime, before it gives up.
-DIST_PORT_ATTEMPTS = 3
+PORT_ATTEMPTS = 3
 PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
 
 
@@ -120,12 +120,12 @@ class LocalBroker:
         Installation(Path(state.rabbitmq_root)).check()
         for path in (self.directory / "mnesia", self.directory / "log", Path(state.home)):
             path.mkdir(parents=True, exist_ok=True)
-        self._write_config(state)
         if self.shared_epmd_port is None and not processes.alive(state.epmd_pid):  # kill() leaves the epmd up
             state.epmd_pid = self._spawn("epmd", ["-port", str(state.epmd_port)], state, "epmd.out")
         output = self.directory / "server.out"
-        for attempt in range(DIST_PORT_ATTEMPTS):
+        for attempt in range(PORT_ATTEMPTS):
             written = output.stat().st_size if output.exists() else 0
+            self._write_config(state)
             state.server_pid = self._spawn("rabbitmq-server", [], state, "server.out")
             self.state = state
             self._save_state()
@@ -133,12 +133,12 @@ class LocalBroker:
                 self._wait_until_ready(timeout)
                 return
             except LocalServerError:
-                if attempt + 1 == DIST_PORT_ATTEMPTS or not self._dist_port_taken(written):
+                if attempt + 1 == PORT_ATTEMPTS or not self._port_taken(written):
                     self.stop()
                     raise
-                # Another process bound the distribution port after it was chosen: the node's name and its
-                # other ports stay (a cluster knows the node by name), the distribution port is chosen again.
-                state.dist_port = processes.free_ports(1)[0]
+                # Another process bound one of the node's ports between their choice and the node's start: the
+                # node keeps its name (a cluster knows it by name) and the ports in use are chosen again.
+                self._choose_again_ports_in_use(state)
             except BaseException:
                 self.stop()
                 raise
@@ -189,12 +189,23 @@ class LocalBroker:
 
     # -- internals --------------------------------------------------------
 
-    def _dist_port_taken(self, since: int) -> bool:
-        """Did the node stop at start-up because its distribution port was in use (what it wrote after the
-        first ``since`` bytes of its output says so)?"""
+    def _port_taken(self, since: int) -> bool:
+        """Did the node stop at start-up because one of its ports was in use (what it wrote after the first
+        ``since`` bytes of its output says so)?"""
         with (self.directory / "server.out").open("rb") as output:
             output.seek(since)
-            return b"dist_port_already_used" in output.read()
+            written = output.read()
+        return b"dist_port_already_used" in written or b"eaddrinuse" in written
+
+    def _choose_again_ports_in_use(self, state: NodeState) -> None:
+        fields = ["dist_port", "management_port", "prometheus_port"]
+        if self.requested_port is None:
+            fields.append("amqp_port")
+        # Free on every address: a listener the node binds to the wildcard conflicts with any of them.
+        in_use = [field for field in fields if not processes.port_is_free(getattr(state, field), host="")]
+        if in_use:  # else the port was given back meanwhile: the same ones are tried again
+            for field, port in zip(in_use, processes.free_ports(len(in_use)), strict=True):
+                setattr(state, field, port)
 
     def _new_state(self) -> NodeState:
         amqp_port, dist_port, epmd_port, management_port, prometheus_port = processes.free_ports(5)

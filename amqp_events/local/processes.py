@@ -45,11 +45,11 @@ def free_ports(count: int) -> list[int]:
     raise LocalServerError(f"fewer than {count} free TCP ports outside the range {low}-{high}")
 
 
-def port_is_free(port: int) -> bool:
-    """Can a server bind ``port`` on 127.0.0.1 right now?"""
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Can a server bind ``port`` on ``host`` right now?"""
     with socket.socket() as sock:
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True

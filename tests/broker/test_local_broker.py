@@ -69,17 +69,21 @@ def test_a_node_of_the_other_rabbitmq_line_starts_from_its_root_and_stops_withou
 
 
 @pytest.mark.broker
-def test_a_node_whose_distribution_port_was_taken_meanwhile_starts_on_another(tmp_path):
+@pytest.mark.parametrize(
+    ("port", "said"),
+    [("dist_port", "dist_port_already_used"), ("management_port", "eaddrinuse")],
+)
+def test_a_node_whose_port_was_taken_meanwhile_starts_on_another(tmp_path, port, said):
     node = LocalBroker(tmp_path / "node")
-    node.state = node._new_state()  # the ports as chosen; then another process binds the distribution port
-    taken = node.state.dist_port
+    node.state = node._new_state()  # the ports as chosen; then another process binds one of them
+    taken = getattr(node.state, port)
     with socket.socket() as squatter:
         squatter.bind((node.state.host, taken))
         squatter.listen()
         node.start()
         try:
-            assert node.state.dist_port != taken and node.is_running()
-            assert "dist_port_already_used" in (tmp_path / "node" / "server.out").read_text()
+            assert getattr(node.state, port) != taken and node.is_running()
+            assert said in (tmp_path / "node" / "server.out").read_text()
         finally:
             node.stop()
 
