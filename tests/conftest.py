@@ -3,6 +3,7 @@ console and a browser (what the tests share besides fixtures is in ``helpers.py`
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -93,9 +94,9 @@ def cli(broker_url: str, monkeypatch: pytest.MonkeyPatch, rabbitmq: Any) -> Call
     runner = CliRunner()
 
     def invoke(*args: str, app: str | None = "services.orders", input: str | None = None) -> Any:
-        # Each run loads the app afresh, as a new `amqp-events` process would.
-        for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
-            del sys.modules[name]
+        loaded = sys.modules.get(app.partition(":")[0]) if app else None
+        if loaded is not None:  # run afresh, as a new `amqp-events` process would import it
+            importlib.reload(loaded)
         prefix = ["-A", app] if app else []
         return runner.invoke(main, [*prefix, *args], input=input, catch_exceptions=False)
 
@@ -142,7 +143,7 @@ def service_app(broker_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[[s
     apps = []
 
     def load(service: str) -> Any:
-        apps.append(load_service(service))
+        apps.append(load_service(f"services.{service}").app)
         return apps[-1]
 
     yield load

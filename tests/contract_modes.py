@@ -3,8 +3,8 @@ real workers. A scenario drives the test services through a :class:`Mode`; the `
 
 from __future__ import annotations
 
+import importlib
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -70,8 +70,7 @@ class InProcessMode(Mode):
         self.stop()
         self.producer = events_app("tests", broker_url=os.environ["BROKER_URL"])
         for service in self.services:
-            load_service(service)
-            self.modules[service] = sys.modules[f"services.{service}"]
+            self.modules[service] = load_service(f"services.{service}")
         apps = [module.app for module in self.modules.values()]
         self.events = in_process(self.producer, *apps, unhandled="ignore").start()
 
@@ -118,8 +117,8 @@ class BrokerMode(Mode):
         self.records.barrier(self.producer, services)
 
     def module(self, service: str) -> Any:
-        self.service_app(service)
-        return sys.modules[f"services.{service}"]
+        self.service_app(service)  # loaded afresh for this test's vhost, closed with the test
+        return importlib.import_module(f"services.{service}")
 
     def deploy_fix(self, *services: str) -> None:
         for service in services:

@@ -94,13 +94,13 @@ class Ran(subprocess.CompletedProcess):
         return self.stdout + self.stderr
 
 
-def load_service(service: str) -> Any:
-    """The app of ``services/<service>.py``, its module imported afresh (settings are read at import)."""
+def load_service(module: str) -> Any:
+    """The module of a test service (``services.orders``) run afresh, as a new process would import it: the
+    settings it reads from the environment at import are this test's (its shared modules are kept)."""
     import importlib
 
-    for name in [name for name in sys.modules if name == "services" or name.startswith("services.")]:
-        del sys.modules[name]
-    return importlib.import_module(f"services.{service}").app
+    loaded = sys.modules.get(module)
+    return importlib.reload(loaded) if loaded is not None else importlib.import_module(module)
 
 
 def scrape(port: int) -> dict[str, float]:
