@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from amqp_events.breakers.breaker import Breaker, BreakerPolicy, State, Transition
 from amqp_events.breakers.health import Health, HealthCheck, HealthRunner
+from amqp_events.breakers.options import breaker_option, required_checks
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, hand_back
@@ -57,7 +58,9 @@ class WorkerBreakers:
     ) -> None:
         self.service = service
         self.handlers: dict[str, Handler] = {handler.queue: handler for handler in handlers}
-        policies = {queue: BreakerPolicy.of(handler.breaker, default) for queue, handler in self.handlers.items()}
+        policies = {
+            queue: BreakerPolicy.of(breaker_option(handler), default) for queue, handler in self.handlers.items()
+        }
         self.breakers = {queue: Breaker(policy or BreakerPolicy()) for queue, policy in policies.items()}
         #: Handlers whose breaker trips on failures (the others only pause when told to).
         self.automatic = {queue for queue, policy in policies.items() if policy is not None}
@@ -69,7 +72,7 @@ class WorkerBreakers:
         self.seen = [0] * (2 * max(1, len(self.slots)))
         self.checks = dict(checks)
         for handler in self.handlers.values():
-            unknown = set(handler.requires) - set(self.checks)
+            unknown = set(required_checks(handler)) - set(self.checks)
             if unknown:
                 raise ValueError(f"{handler.name} requires unknown health check(s): {', '.join(sorted(unknown))}")
         self.pause: Callable[[str], None] = _nowhere
@@ -141,7 +144,7 @@ class WorkerBreakers:
         for name, check in self.checks.items():
             record_health(self.service, name, check.state.gauge)
         for queue, breaker in self.breakers.items():
-            for name in self.handlers[queue].requires:
+            for name in required_checks(self.handlers[queue]):
                 reason = f"health check {name} unhealthy"
                 if self.checks[name].state == Health.UNHEALTHY:
                     self._apply(queue, breaker.hold(reason))

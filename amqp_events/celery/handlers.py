@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from celery import Task
 
+from amqp_events.breakers.options import BREAKER_OPTIONS
 from amqp_events.celery.task import EventHandler
 from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import RETRY_OPTIONS, Handler
 from amqp_events.errors import DuplicateHandler
+from amqp_events.middleware.inbox import INBOX_OPTIONS
+from amqp_events.ordering.options import ORDERING_OPTIONS
 from amqp_events.topology import check_event_name, event_queue_name
 from amqp_events.topology.names import intake_queue_name
 from amqp_events.wire import cloud_events
@@ -84,24 +88,20 @@ class HandlerDecorator:
                 f"{described} is an async def: coroutine handlers are not supported yet. Write the handler as a "
                 "plain def (call your coroutine with asyncio.run() inside it if you must)"
             )
-        options["retry_options"] = {**celery_retry_options(target, options, described), **options["retry_options"]}
-        ordered = self.options.get("ordered_by") is not None  # its messages come in through the service's intake
-        queue = intake_queue_name(app.service) if ordered else event_queue_name(app.service, event)
+        retry_options = {**celery_retry_options(target, options, described), **options.pop("retry_options")}
         handler = Handler(
             event=event,
             name=described,
-            queue=queue,
+            queue=event_queue_name(app.service, event),
             function=function,
             takes_self=self.bind or isinstance(target, type),
             event_class=self.event_class,
-            retry_options=options.pop("retry_options"),
-            inbox=options.pop("inbox"),
-            dedup=options.pop("dedup"),
-            breaker=options.pop("breaker"),
-            requires=tuple(options.pop("requires")),
-            ordered_by=options.pop("ordered_by"),
-            on_archive=options.pop("on_archive", "park"),
+            retry_options=retry_options,
         )
+        for feature in FEATURE_OPTIONS:  # each takes, checks and applies its own options
+            handler = feature.apply(handler, {name: options.pop(name) for name in feature.defaults if name in options})
+        if handler.ordered:  # its messages come in through the service's intake
+            handler = dataclasses.replace(handler, queue=intake_queue_name(app.service))
         check_task_options(options, described)
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options
         if isinstance(target, type) and issubclass(target, Task):
@@ -115,8 +115,11 @@ class HandlerDecorator:
         return target
 
 
+#: The features that declare handler options (:mod:`amqp_events.core.options`), in the order they apply: the
+#: inbox's handle comes before the payload that ordering reads its key from.
+FEATURE_OPTIONS = (INBOX_OPTIONS, BREAKER_OPTIONS, ORDERING_OPTIONS)
 #: The options ``@app.handler`` takes itself (the others are Celery task options).
-HANDLER_OPTIONS = ("bind", *RETRY_OPTIONS, "inbox", "dedup", "breaker", "requires", "ordered_by", "on_archive")
+HANDLER_OPTIONS = ("bind", *RETRY_OPTIONS, *(name for feature in FEATURE_OPTIONS for name in feature.defaults))
 
 
 def check_task_options(options: dict[str, Any], described: str) -> None:

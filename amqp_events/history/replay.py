@@ -32,6 +32,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.errors import BadArguments, PublishError, TopologyMissing
 from amqp_events.history import gates
 from amqp_events.history.records import HistoricEvent, NamesOf, Query, events_in, start_of
+from amqp_events.inbox.base import effect_stores
 from amqp_events.topology import service_topology
 from amqp_events.topology.names import (
     HISTORY_STREAM,
@@ -122,7 +123,7 @@ class HistoryReplay:
     @property
     def without_inbox(self) -> list[Handler]:
         """The handlers it replays to that would run an event again (no inbox remembers what they did)."""
-        return [handler for handler in self.targets.values() if handler.dedup is None and handler.inbox is None]
+        return [handler for handler in self.targets.values() if not any(effect_stores(handler))]
 
     def run(self, progress: Progress | None = None) -> HistoryReplayReport:
         """Replay; ``progress(offset, end)`` is called as the reading goes through the history."""

@@ -38,3 +38,8 @@ class DedupStore(Protocol):
     def seen(self, key: EffectKey) -> bool: ...
 
     def record(self, key: EffectKey) -> None: ...
+
+
+def effect_stores(handler: Any) -> tuple[TransactionalInbox | None, DedupStore | None]:
+    """A handler's inbox and dedup store: its ``inbox=`` and ``dedup=`` options (each may be None)."""
+    return handler.options.get("inbox"), handler.options.get("dedup")

@@ -7,14 +7,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from amqp_events.inbox.base import effect_stores
+
 logger = logging.getLogger(__name__)
 
 
 def prunable_stores(handlers: Iterable[Any]) -> list[Any]:
     """The distinct inboxes and dedup stores of ``handlers`` that can be pruned (a ``prune`` method)."""
-    stores = {
-        id(store): store for handler in handlers for store in (handler.inbox, handler.dedup) if hasattr(store, "prune")
-    }
+    stores = {id(store): store for handler in handlers for store in effect_stores(handler) if hasattr(store, "prune")}
     return list(stores.values())
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from amqp_events.core.context import Middleware
 from amqp_events.core.handler import Handler
+from amqp_events.inbox.base import effect_stores
 from amqp_events.metrics import AVAILABLE as METRICS_AVAILABLE
 from amqp_events.metrics.serve import served_here
 from amqp_events.middleware.cloud_events import CloudEventsReader
@@ -36,7 +37,7 @@ def standard_middleware(settings: Settings, handlers: Iterable[Handler], version
         served = bool(settings.metrics_port) or served_here()
         chosen.append(HandlerMetrics(settings.metrics_exception_labels) if served else FiringMetrics())
     chosen.append(CloudEventsReader())
-    if any(handler.inbox is not None or handler.dedup is not None for handler in handlers):
+    if any(any(effect_stores(handler)) for handler in handlers):
         chosen.append(InboxMiddleware())
     chosen.append(EventLog())
     return chosen

@@ -10,15 +10,18 @@ Handlers with neither are not touched.
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from amqp_events.core.context import Attempt, HandlerCall, Middleware, ServiceContext
 from amqp_events.core.handler import Handler
 from amqp_events.core.handling import DUPLICATE
+from amqp_events.core.options import HandlerOptions
 from amqp_events.core.outcome import Ack, Outcome
 from amqp_events.core.settle import describe
-from amqp_events.inbox.base import EffectKey
+from amqp_events.inbox.base import EffectKey, effect_stores
 
 logger = logging.getLogger(__name__)
 
@@ -28,17 +31,39 @@ def effect_key(attempt: Attempt) -> EffectKey:
     return EffectKey(attempt.context.name, attempt.handler.name, attempt.delivery.event_id)
 
 
+def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    if options["inbox"] is None:
+        return {}
+    parameters = list(handler.signature.parameters.values())
+    takes = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    )
+    if not parameters or parameters[0].kind not in takes:
+        raise TypeError(
+            f"{handler.name} has an inbox, so it receives the inbox's session or connection as its first "
+            "argument: add a parameter for it, e.g. def handler(session, ...)"
+        )
+    return {"handle_first": True}
+
+
+#: ``inbox=`` (a :class:`~amqp_events.inbox.base.TransactionalInbox`) and ``dedup=`` (a
+#: :class:`~amqp_events.inbox.base.DedupStore`): the handler options of this middleware.
+INBOX_OPTIONS = HandlerOptions("inbox", {"inbox": None, "dedup": None}, _check)
+
+
 class InboxMiddleware(Middleware):
     """Installed by an app when one of its handlers has an inbox or a dedup store."""
 
     def before_handle(self, attempt: Attempt) -> Outcome | None:
-        dedup = attempt.handler.dedup if attempt.handler is not None else None
+        dedup = effect_stores(attempt.handler)[1] if attempt.handler is not None else None
         if dedup is not None and dedup.seen(effect_key(attempt)):
             return Ack(duplicate=True)
         return None
 
     def wrap_run(self, context: ServiceContext, handler: Handler, run: HandlerCall) -> HandlerCall:
-        inbox = handler.inbox
+        inbox = effect_stores(handler)[0]
         if inbox is None:
             return run
 
@@ -49,7 +74,7 @@ class InboxMiddleware(Middleware):
         return in_the_inbox
 
     def before_settle(self, attempt: Attempt, outcome: Outcome) -> Outcome:
-        dedup = attempt.handler.dedup if attempt.handler is not None else None
+        dedup = effect_stores(attempt.handler)[1] if attempt.handler is not None else None
         if dedup is not None and isinstance(outcome, Ack) and not outcome.duplicate:
             try:
                 dedup.record(effect_key(attempt))

@@ -79,3 +79,23 @@ def test_a_handlers_option_is_read_over_the_apps_default():
     assert BreakerPolicy.of(None, default) is default and BreakerPolicy.of(None, None) is None
     assert BreakerPolicy.of(False, default) is None and BreakerPolicy.of(True, None) == BreakerPolicy()
     assert BreakerPolicy.of({"open_for": 60}, default) == BreakerPolicy(failures=5, open_for=60)
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"breaker": {"failurs": 3}}, "failurs"),
+        ({"breaker": "yes"}, "breaker= takes"),
+        ({"requires": "payments-api"}, "requires= takes"),
+    ],
+)
+def test_a_handler_s_breaker_options_are_checked_where_they_are_written(options, said):
+    from amqp_events import events_app
+
+    app = events_app("payments", broker_url="memory://")
+    with pytest.raises(TypeError, match=said):
+
+        @app.handler("billing.invoice.paid", **options)
+        def paid(invoice_id: int): ...
+
+    app.close()

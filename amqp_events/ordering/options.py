@@ -1,0 +1,42 @@
+"""Ordering's handler options: ``ordered_by=`` (where an event's key is) and ``on_archive=`` (``park``: an
+archived event holds its key's later events back until it is replayed or discarded; ``skip``: they go on)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from amqp_events.core.handler import Handler
+from amqp_events.core.options import HandlerOptions
+from amqp_events.errors import BadArguments
+
+#: What an ordered handler's archived event does to the later events of its key.
+ON_ARCHIVE = ("park", "skip")
+
+
+def _key(handler: Handler, ordered_by: str | Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    def key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            if callable(ordered_by):
+                return ordered_by(*args, **kwargs)
+            if handler.event_class is not None:  # a class event's payload is its fields, by name
+                return kwargs[ordered_by]
+            return handler.bind(args, kwargs).arguments[ordered_by]
+        except Exception as exc:
+            raise BadArguments(f"{handler.name}: no key ({ordered_by!r}) in this payload: {exc!r}") from exc
+
+    return key
+
+
+def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    ordered_by, on_archive = options["ordered_by"], options["on_archive"]
+    if on_archive not in ON_ARCHIVE:
+        raise TypeError(f"{handler.name}: on_archive={on_archive!r} is not one of {', '.join(ON_ARCHIVE)}")
+    if ordered_by is None:
+        return {}
+    if not callable(ordered_by) and ordered_by not in handler.argument_names:
+        raise TypeError(f"{handler.name}: ordered_by={ordered_by!r} is not one of its event's arguments")
+    return {"key": _key(handler, ordered_by), "parks": on_archive == "park"}
+
+
+ORDERING_OPTIONS = HandlerOptions("ordering", {"ordered_by": None, "on_archive": "park"}, _check)
