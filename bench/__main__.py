@@ -17,7 +17,18 @@ from pathlib import Path
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
-from bench import cloud_events, console, handling, history, in_process, ordering, outbox, scenarios, tracing
+from bench import (
+    asyncio_firing,
+    cloud_events,
+    console,
+    handling,
+    history,
+    in_process,
+    ordering,
+    outbox,
+    scenarios,
+    tracing,
+)
 from bench import cluster as cluster_bench
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
@@ -50,6 +61,9 @@ def main() -> int:
             results.append(scenarios.fire_one_at_a_time(bench, size))
         if wanted("fire_in_a_batch"):
             results.append(scenarios.fire_in_a_batch(bench, size))
+        if wanted("fire_async"):
+            results.append(asyncio_firing.fire_async_one_at_a_time(bench, size))
+            results.append(asyncio_firing.fire_async_in_a_batch(bench, size))
         one_service = None
         if wanted("end_to_end"):
             solo = scenarios.end_to_end(bench, size, "solo", 1)

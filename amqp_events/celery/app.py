@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -23,11 +22,11 @@ from amqp_events.celery import control
 from amqp_events.celery.conf import EventsCelery, check_broker_url
 from amqp_events.celery.handlers import EventDecorator, HandlerDecorator
 from amqp_events.celery.partitions import Partitions
+from amqp_events.celery.producing import Producing
 from amqp_events.celery.signals import SettledSignal
 from amqp_events.celery.steps import BreakerControl, BreakerState, Heartbeat, InboxPruning, MetricsEndpoint
 from amqp_events.celery.task import CONTROL_FLOW
 from amqp_events.clock import SYSTEM_CLOCK, Clock
-from amqp_events.core import firing
 from amqp_events.core.context import Middleware, Middlewares, ServiceContext
 from amqp_events.core.events import EventKey, argument_names
 from amqp_events.core.handler import Handler
@@ -39,8 +38,6 @@ from amqp_events.topology import Topology, check_service_name
 from amqp_events.topology.names import control_namespace
 from amqp_events.transport.base import Transport
 from amqp_events.transport.rabbitmq import RabbitMQ
-from amqp_events.wire import cloud_events
-from amqp_events.wire.message import OutgoingMessage
 
 if TYPE_CHECKING:
     from amqp_events.celery.outbox import Outbox
@@ -54,7 +51,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
     VERSION = "0+unknown"
 
 
-class EventsApp(EventsCelery):
+class EventsApp(Producing, EventsCelery):
     """A Celery app for one service. Create it with :func:`events_app`."""
 
     def __init__(self, main: str, *args: Any, home: Path | None = None, **kwargs: Any) -> None:
@@ -158,7 +155,7 @@ class EventsApp(EventsCelery):
             self.rabbitmq.close()
         super().close()
 
-    # -- producing ----------------------------------------------------------------------------------------
+    # -- producing (the rest: :class:`~amqp_events.celery.producing.Producing`) -----------------------------
 
     def event(self, name: str, *, wire_format: str | None = None, key: EventKey | None = None) -> EventDecorator:
         """Decorate a validating function, or a dataclass/pydantic model, as the event ``name``.
@@ -172,78 +169,6 @@ class EventsApp(EventsCelery):
         CloudEvent): a string, or an integer sent as its decimal string.
         """
         return EventDecorator(self, name, wire_format, key)
-
-    def wire_format(self, given: str | None = None) -> str:
-        """The wire format an event fires in: ``given``, else the app's ``amqp_events_wire_format``."""
-        return cloud_events.check_wire_format(given) if given else self.events_settings.wire_format
-
-    def fire(
-        self,
-        event: str,
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        *,
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        event_id: str | None = None,
-        wire_format: str | None = None,
-        key: str | int | None = None,
-    ) -> str:
-        """Publish ``event`` (no validation) and return its id once the broker confirmed it.
-
-        With ``countdown`` seconds or an ``eta`` the event first waits on the
-        broker's delay ladder, then reaches every subscribed service.
-        ``event_id`` fires it under a given id instead of a new one: to fire
-        again an event whose firing raised :class:`~amqp_events.PublishError`
-        (its ``event_ids``), so that a copy that did reach the broker is the
-        same event to every inbox. ``wire_format`` overrides the app's
-        ``amqp_events_wire_format`` ("cloudevents" takes keyword arguments only).
-        ``key`` names the aggregate the event belongs to (the ``event_key``
-        header; see :meth:`event`).
-        Inside ``with app.batch():`` it returns at once; inside ``with
-        app.outbox(...):`` it writes a row.
-        """
-        wire_format = self.wire_format(wire_format) if wire_format else None
-        return firing.fire(
-            self.context,
-            event,
-            args,
-            kwargs,
-            countdown=countdown,
-            eta=eta,
-            event_id=event_id,
-            wire_format=wire_format,
-            key=key,
-        )
-
-    def batch(self, window: int = 2000) -> Any:
-        """Fire many events fast: inside the block, firing returns the event id at once.
-
-        The broker's confirms are collected together (up to ``window``
-        messages in flight) and awaited when the block ends; then
-        :class:`~amqp_events.PublishError` names any event the broker refused
-        or did not confirm in time. Validation still runs at each call::
-
-            with app.batch():
-                for invoice in invoices:
-                    invoice_paid(invoice.id, invoice.amount)
-        """
-        return firing.batch(self.context, window)
-
-    def event_message(
-        self,
-        event: str,
-        args: tuple[Any, ...] | list[Any],
-        kwargs: dict[str, Any],
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        wire_format: str | None = None,
-        key: str | int | None = None,
-    ) -> OutgoingMessage:
-        """The message that fires ``event``, ready to publish (no validation, nothing sent)."""
-        context = self.context
-        message, delay = firing.fired_message(context, event, args, kwargs, countdown, eta, None, wire_format, key)
-        return firing.delayed(context, message, delay)
 
     # -- the transactional outbox -------------------------------------------------------------------------
 

@@ -36,6 +36,19 @@ class Fires(Protocol):
         key: str | int | None = None,
     ) -> str: ...
 
+    async def fire_async(
+        self,
+        event: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | None = None,
+        event_id: str | None = None,
+        wire_format: str | None = None,
+        key: str | int | None = None,
+    ) -> str: ...
+
     def wire_format(self, given: str | None = None) -> str: ...
 
     def handler(self, event: str, *, bind: bool = False) -> Callable[[Any], Any]: ...
@@ -105,7 +118,20 @@ class Event(Generic[P]):
         ``countdown`` (seconds) or ``eta`` (a datetime) make the event wait on
         the broker before it reaches its subscribers (whole seconds, never early).
         """
-        kwargs = kwargs or {}
+        args, kwargs, key = self._checked(args, kwargs or {})
+        return self.app.fire(
+            self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format, key=key
+        )
+
+    async def fire_async(self, *args: P.args, **kwargs: P.kwargs) -> str:
+        """Calling the event, from a coroutine: validated as a call is, then published without blocking the
+        event loop; returns the event's id once the broker confirmed it (see ``app.fire_async``)."""
+        checked, named, key = self._checked(args, kwargs)
+        return await self.app.fire_async(self.name, checked, named, wire_format=self.wire_format, key=key)
+
+    def _checked(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any], Any]:
+        """Validate a fire's arguments; the positional and keyword arguments it travels with (by name when
+        they have names), and its key."""
         self.validate(*args, **kwargs)
         key = self.key_of(args, kwargs)
         named = by_name(self._signature, args, kwargs)
@@ -113,14 +139,9 @@ class Event(Generic[P]):
             if self.app.wire_format(self.wire_format) == "cloudevents":
                 raise TypeError(f"event {self.name!r}: *args have no names; a CloudEvent's data is an object")
             check_arguments(self.name, self._signature, kwargs)
-            named = kwargs
-        else:
-            check_arguments(self.name, self._signature, named)
-            args = ()
-        kwargs = named
-        return self.app.fire(
-            self.name, args, kwargs, countdown=countdown, eta=eta, wire_format=self.wire_format, key=key
-        )
+            return args, kwargs, key
+        check_arguments(self.name, self._signature, named)
+        return (), named, key
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The key of a fire with these arguments (``None`` for an event without a key)."""
@@ -161,6 +182,12 @@ def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None, k
             name, (), payload(self), countdown=countdown, eta=eta, wire_format=wire_format, key=key_of(self)
         )
 
+    async def fire_async(self: Any, *, countdown: float | None = None, eta: datetime | None = None) -> str:
+        """:meth:`fire` from a coroutine, never blocking its event loop."""
+        return await app.fire_async(
+            name, (), payload(self), countdown=countdown, eta=eta, wire_format=wire_format, key=key_of(self)
+        )
+
     namespace = {
         # not fields: pydantic asks
         "__annotations__": {
@@ -170,6 +197,7 @@ def event_class(app: Fires, name: str, cls: C, wire_format: str | None = None, k
             "event_key": ClassVar[Any],
         },
         "fire": fire,
+        "fire_async": fire_async,
         "event_name": name,
         "event_app": app,
         "event_wire_format": wire_format,

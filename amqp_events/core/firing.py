@@ -11,11 +11,11 @@ event passes the ``before_fire`` hooks once it is built and the
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from amqp_events.core.context import Firing, ServiceContext
 from amqp_events.errors import PublishError, TopologyMissing
@@ -85,32 +85,91 @@ def fire(
 ) -> str:
     """Fire ``event`` (no validation) and return its id: once the broker confirmed it, or once an open sink
     took it (see :meth:`amqp_events.celery.EventsApp.fire`)."""
-    message, delay = fired_message(context, event, args, kwargs or {}, countdown, eta, event_id, wire_format, key)
-    sink = open_sink(context.name)
-    firing = Firing(context, message, delay, batched=isinstance(sink, Batch))
-    for before in context.middleware.before_fire:
-        before(firing)
-    if sink is not None:
-        sink.take(firing)
+    firing = _built(context, event, args, kwargs, countdown, eta, event_id, wire_format, key)
+    if _taken(firing):
         return firing.message.message_id
     message = delayed(context, firing.message, firing.delay)
     try:
         routed = context.transport.publish(message)
     except Exception as exc:
-        fired(firing, "error", exc)
-        if isinstance(exc, TopologyMissing):
-            raise TopologyMissing(_NO_LADDER.format(event=event)) from exc
-        raise
+        _failed(firing, exc)
+    return _published(firing, message, routed)
+
+
+async def fire_async(
+    context: ServiceContext,
+    event: str,
+    args: tuple[Any, ...] | list[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    countdown: float | None = None,
+    eta: datetime | None = None,
+    event_id: str | None = None,
+    wire_format: str | None = None,
+    key: Any = None,
+) -> str:
+    """:func:`fire` from a coroutine: the confirm is awaited without blocking the event loop."""
+    firing = _built(context, event, args, kwargs, countdown, eta, event_id, wire_format, key)
+    if _taken(firing):
+        return firing.message.message_id
+    message = delayed(context, firing.message, firing.delay)
+    try:
+        routed = await context.transport.publish_async(message)
+    except Exception as exc:
+        _failed(firing, exc)
+    return _published(firing, message, routed)
+
+
+def _built(
+    context: ServiceContext,
+    event: str,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any] | None,
+    countdown: float | None,
+    eta: datetime | None,
+    event_id: str | None,
+    wire_format: str | None,
+    key: Any,
+) -> Firing:
+    """The fired event's message, through the ``before_fire`` hooks."""
+    message, delay = fired_message(context, event, args, kwargs or {}, countdown, eta, event_id, wire_format, key)
+    firing = Firing(context, message, delay, batched=isinstance(open_sink(context.name), Batch))
+    for before in context.middleware.before_fire:
+        before(firing)
+    return firing
+
+
+def _taken(firing: Firing) -> bool:
+    """Did a sink open for the service (a batch, the outbox) take the fired event?"""
+    sink = open_sink(firing.context.name)
+    if sink is None:
+        return False
+    sink.take(firing)
+    return True
+
+
+def _failed(firing: Firing, exc: Exception) -> NoReturn:
+    """Publishing ``firing`` raised ``exc``: its ``after_fire`` hooks are told, and it is raised (a missing
+    exchange of the delay ladder said as such)."""
+    fired(firing, "error", exc)
+    if isinstance(exc, TopologyMissing):
+        raise TopologyMissing(_NO_LADDER.format(event=firing.message.event)) from exc
+    raise exc
+
+
+def _published(firing: Firing, message: OutgoingMessage, routed: bool) -> str:
+    """The confirmed event's id, its ``after_fire`` hooks told; an unroutable one is logged."""
     fired(firing, "confirmed" if routed else "unroutable")
     if not routed:
+        event, service = message.event, firing.context.name
         if message.delayed:
             raise TopologyMissing(f"cannot delay {event!r}: a delay queue is missing; declare the topology again")
-        first = (context.name, event) not in _UNROUTABLE and len(_UNROUTABLE) < 10_000
-        _UNROUTABLE.add((context.name, event))
+        first = (service, event) not in _UNROUTABLE and len(_UNROUTABLE) < 10_000
+        _UNROUTABLE.add((service, event))
         logger.log(
             logging.WARNING if first else logging.DEBUG,
             "fired event=%s service=%s id=%s: no service subscribes to it (nothing received it; a typo in its name?)",
-            event, context.name, message.message_id,
+            event, service, message.message_id,
         )  # fmt: skip
     return message.message_id
 
@@ -172,10 +231,11 @@ class Batch:
     did not confirm in time.
     """
 
-    def __init__(self, context: ServiceContext, window: int) -> None:
+    def __init__(self, context: ServiceContext, publisher: Any) -> None:
         self.context = context
         self.service = context.name
-        self._publisher = context.transport.batch(window)
+        #: A :class:`~amqp_events.transport.base.BatchPublisher` (an ``AsyncBatchPublisher`` for coroutines).
+        self._publisher = publisher
         #: Ids of the events fired in the block, in order.
         self.ids: list[str] = []
         self._firings: list[Firing] = []
@@ -199,9 +259,11 @@ class Batch:
         try:
             self._publisher.wait()
         except BaseException as exc:
-            for firing in firings:
-                fired(firing, "error", exc)
+            _all_fired(firings, exc)
             raise
+        self._settle(firings)
+
+    def _settle(self, firings: list[Firing]) -> None:
         _, refused, returned = self._publisher.results()
         refused_ids = set(refused)
         for firing in firings:
@@ -230,6 +292,25 @@ class Batch:
         self._publisher.close()
 
 
+class AsyncBatch(Batch):
+    """The events fired inside ``async with app.batch_async():``, their confirms awaited when the block ends."""
+
+    async def finish_async(self) -> None:
+        """:meth:`Batch.finish`, awaiting the confirms."""
+        firings, self._firings = self._firings, []
+        try:
+            await self._publisher.wait()
+        except BaseException as exc:
+            _all_fired(firings, exc)
+            raise
+        self._settle(firings)
+
+
+def _all_fired(firings: list[Firing], error: BaseException) -> None:
+    for firing in firings:
+        fired(firing, "error", error)
+
+
 @contextmanager
 def batch(context: ServiceContext, window: int = 2000) -> Iterator[Any]:
     """Fire many events fast: inside the block, firing returns the event id at once (see :class:`Batch`).
@@ -241,11 +322,32 @@ def batch(context: ServiceContext, window: int = 2000) -> Iterator[Any]:
         with sink.batch() as batched:
             yield batched
         return
-    opened = Batch(context, window)
+    opened = Batch(context, context.transport.batch(window))
     try:
         with sending_to(opened):
             yield opened
         opened.finish()
+    except BaseException:
+        opened.abandon()
+        raise
+    finally:
+        opened.close()
+
+
+@asynccontextmanager
+async def batch_async(context: ServiceContext, window: int = 2000) -> AsyncIterator[Any]:
+    """:func:`batch` for coroutines: inside the block, ``fire_async`` (and a plain fire) return at once; the
+    confirms are awaited when it ends, never blocking the event loop."""
+    sink = open_sink(context.name)
+    if sink is not None:
+        with sink.batch() as batched:
+            yield batched
+        return
+    opened = AsyncBatch(context, context.transport.batch_async(window))
+    try:
+        with sending_to(opened):
+            yield opened
+        await opened.finish_async()
     except BaseException:
         opened.abandon()
         raise

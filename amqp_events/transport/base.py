@@ -47,6 +47,29 @@ class BatchPublisher(Protocol):
     def close(self) -> None: ...
 
 
+class AsyncBatchPublisher(Protocol):
+    """A batch publisher for coroutines: :meth:`publish` sends on the running loop, :meth:`wait` is awaited."""
+
+    def publish(self, message: OutgoingMessage, key: Any = None) -> None: ...
+
+    async def wait(self) -> None: ...
+
+    def results(self) -> tuple[list[Any], list[Any], set[str]]: ...
+
+    def close(self) -> None: ...
+
+
+class AwaitedBatch:
+    """A batch publisher that never blocks (a broker in memory) as an :class:`AsyncBatchPublisher`."""
+
+    def __init__(self, batch: BatchPublisher) -> None:
+        self.batch = batch
+        self.publish, self.results, self.close = batch.publish, batch.results, batch.close
+
+    async def wait(self) -> None:
+        self.batch.wait()
+
+
 class Transport(Protocol):
     #: Exceptions that mean the broker cannot be reached now (what an outbox relay waits out).
     errors: tuple[type[BaseException], ...]
@@ -57,6 +80,12 @@ class Transport(Protocol):
 
     def batch(self, window: int) -> BatchPublisher:
         """A batch publisher with up to ``window`` confirms outstanding."""
+
+    async def publish_async(self, message: OutgoingMessage) -> bool:
+        """:meth:`publish` from a coroutine, never blocking its event loop."""
+
+    def batch_async(self, window: int) -> AsyncBatchPublisher:
+        """:meth:`batch` for coroutines."""
 
     def declare(self, topology: Topology) -> None:
         """Declare a service's topology."""

@@ -16,7 +16,7 @@ from kombu.exceptions import OperationalError
 from amqp_events.errors import PermissionRefused, PublishError, TopologyMissing
 from amqp_events.topology import Topology
 from amqp_events.transport import streams
-from amqp_events.transport.base import Browsed, StreamReading
+from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReading
 from amqp_events.transport.declare import declare_topology
 from amqp_events.transport.publisher import ConfirmedBatchPublisher, Connections, Publisher
 from amqp_events.transport.retire import Retired, retire_topology
@@ -43,6 +43,30 @@ class RabbitMQ:
 
     def batch(self, window: int) -> ConfirmedBatchPublisher:
         return ConfirmedBatchPublisher(self.app, self.timeout, window)
+
+    @functools.cached_property
+    def aio(self) -> Any:
+        """The publisher of coroutines (:mod:`amqp_events.transport.aio`): the ``[asyncio]`` extra, aio-pika."""
+        try:
+            from amqp_events.transport.aio import AioPublisher
+        except ImportError as exc:
+            raise ImportError(
+                f"firing from asyncio needs aio-pika ({exc}): pip install 'celery-amqp-events[asyncio]'"
+            ) from exc
+        return AioPublisher(self.app, self.timeout)
+
+    async def publish_async(self, message: OutgoingMessage) -> bool:
+        return bool(await self.aio.publish(message))
+
+    def batch_async(self, window: int) -> AsyncBatchPublisher:
+        from amqp_events.transport.aio import AioBatchPublisher
+
+        return AioBatchPublisher(self.aio, window)
+
+    async def close_async(self) -> None:
+        """Close the connection of the running event loop's publisher."""
+        if "aio" in self.__dict__:
+            await self.aio.close()
 
     def declare(self, topology: Topology) -> None:
         with self.app.connection_for_write() as connection:

@@ -4,6 +4,7 @@ the shared topology declared by an administrator: each works fully, and neither 
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import urllib.parse
 import uuid
@@ -52,6 +53,13 @@ def users(rabbitmq, vhost, broker_url, cli_process) -> dict[str, str]:
     yield urls
     for user in made:
         rabbitmq.node.rabbitmqctl("delete_user", user)
+
+
+async def fired_from_a_coroutine(app: Any, event: str, args: list[Any]) -> str:
+    try:
+        return str(await app.fire_async(event, args, {}))
+    finally:
+        await app.close_async()
 
 
 def refused(action: Any) -> bool:
@@ -132,8 +140,10 @@ def test_each_service_works_with_its_own_grants_and_cannot_reach_into_the_other(
         fires.fire("test.ping", ["both"], {})
         fires.fire("test.ping", ["retried"], {"how": {"fail_times": 1, "only": "orders"}})
         fires.fire("test.ping", ["doomed"], {"how": {"permanent": True}})
+        asyncio.run(fired_from_a_coroutine(fires, "test.ping", ["async"]))  # the same grants from asyncio
         wait_for(lambda: {(r["service"], r["tag"], r["attempt"]) for r in records.all()} >= {
-            ("orders", "both", 1), ("shipping", "both", 1), ("orders", "retried", 2), ("orders", "doomed", 1)
+            ("orders", "both", 1), ("shipping", "both", 1), ("orders", "retried", 2), ("orders", "doomed", 1),
+            ("orders", "async", 1), ("shipping", "async", 1),
         } or None, 60, what="both services handling, orders' retry back through the ladder")  # fmt: skip
     finally:
         fires.close()

@@ -7,6 +7,7 @@ proven by ``test_contract.py``, which runs the same scenarios on both.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -435,3 +436,42 @@ def test_a_receiver_of_celery_s_task_signals_gets_celery_s_path_as_in_a_solo_wor
         finally:
             signals.task_prerun.disconnect(prerun)
     assert ran == [1, 2] and seen == ["billing.invoice.paid"]
+
+
+def test_events_fired_from_a_coroutine_are_handled_in_process_as_a_plain_fire_is(billing, shipping):
+    import asyncio
+
+    calls = []
+
+    @billing.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int, amount: str):
+        if not amount:
+            raise ValueError("amount required")
+
+    @shipping.handler("billing.invoice.paid")
+    def book_courier(invoice_id: int, amount: str):
+        calls.append(invoice_id)
+
+    @billing.event("billing.customer.joined")
+    @dataclass
+    class Joined:
+        customer_id: int
+
+    @shipping.handler(Joined)
+    def welcome(event: Joined):
+        calls.append(f"joined {event.customer_id}")
+
+    async def fire() -> list[str]:
+        fired = [await invoice_paid.fire_async(1, "10.00"), await Joined(customer_id=9).fire_async()]
+        with pytest.raises(ValueError, match="amount required"):
+            await invoice_paid.fire_async(2, "")
+        async with billing.batch_async() as batch:
+            await invoice_paid.fire_async(3, "1.00")
+            invoice_paid(4, "1.00")
+            assert calls == [1, "joined 9"]  # a batch's events are handled when it ends, as on the broker
+        return fired + batch.ids
+
+    with in_process(billing, shipping) as events:
+        fired = asyncio.run(fire())
+        assert calls == [1, "joined 9", 3, 4]
+        assert [event.id for event in events.fired] == fired

@@ -9,6 +9,7 @@ from kombu.serialization import dumps
 
 from amqp_events.errors import PublishError
 from amqp_events.topology import Topology
+from amqp_events.transport.base import AwaitedBatch
 from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
 from amqp_events.transport.publisher import exchange_to_declare
 from amqp_events.wire.message import OutgoingMessage
@@ -44,6 +45,12 @@ class InProcessTransport:
 
     def batch(self, window: int) -> MemoryBatchPublisher:
         return MemoryBatchPublisher(self)
+
+    async def publish_async(self, message: OutgoingMessage) -> bool:
+        return self.publish(message)  # in memory: nothing to wait for
+
+    def batch_async(self, window: int) -> AwaitedBatch:
+        return AwaitedBatch(self.batch(window))
 
     def declare(self, topology: Topology) -> None:
         self.broker.declare(topology)
