@@ -195,6 +195,18 @@ class EventsApp(Producing, EventsCelery):
         # The in-process mode relays when the test asks it to: no relay thread then.
         return self.service_outbox.writing(transaction, relayed=self._stand_in is None)
 
+    def outbox_async(self, session: Any) -> Any:
+        """:meth:`outbox` for asyncio: ``async with app.outbox_async(session):`` on a SQLAlchemy
+        ``AsyncSession`` (or ``AsyncConnection``) writes the rows of what is fired inside in its transaction
+        when the block ends; the relay publishes them once it committed::
+
+            async with AsyncSession(engine) as session, session.begin():
+                session.add(invoice)
+                async with app.outbox_async(session):
+                    await invoice_paid.fire_async(invoice.id, invoice.amount)
+        """
+        return self.service_outbox.writing_async(session, relayed=self._stand_in is None)
+
     @property
     def outbox_url(self) -> str:
         """``amqp_events_outbox_url``, or a SQLite file next to the app."""

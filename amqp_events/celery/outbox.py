@@ -3,8 +3,8 @@ database, and its in-process relay thread (``amqp_events_outbox_relay``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,24 @@ class Outbox:
         writer = OutboxWriter(self.service, target_of(transaction, self.tables), relay)
         with sending_to(writer):
             yield writer
+
+    @asynccontextmanager
+    async def writing_async(self, session: Any, relayed: bool) -> AsyncIterator[OutboxWriter]:
+        """:meth:`writing` on a SQLAlchemy ``AsyncSession`` or ``AsyncConnection``: the rows are inserted on it
+        when the block ends (awaited, in its transaction), as the rows of a batch are."""
+        relay = self.relay if relayed else None
+        handle = getattr(session, "sync_session", None) or getattr(session, "sync_connection", None)
+        if handle is None or not hasattr(session, "run_sync"):
+            raise TypeError(
+                "app.outbox_async() takes a SQLAlchemy AsyncSession or AsyncConnection, "
+                f"not {type(session).__qualname__}"
+            )
+        target = target_of(handle, self.tables)
+        writer = OutboxWriter(self.service, target, relay)
+        with sending_to(writer), writer.collecting() as rows:
+            yield writer
+        if rows:
+            await session.run_sync(lambda _: target.insert(rows))
 
     def store(self, url: str | None = None, engine: Engine | None = None) -> OutboxStore:
         """The outbox on ``engine``, or on the database at ``url`` (default: the service's)."""

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -64,7 +65,7 @@ class SessionTarget:
 
     def engine(self) -> Engine | None:
         bind = self.session.get_bind()
-        return getattr(bind, "engine", bind)  # type: ignore[no-any-return]
+        return blocking(getattr(bind, "engine", bind))
 
 
 class ConnectionTarget:
@@ -84,7 +85,30 @@ class ConnectionTarget:
         event.listen(self.connection, "commit", lambda connection: callback(), once=True)
 
     def engine(self) -> Engine | None:
-        return self.connection.engine  # type: ignore[no-any-return]
+        return blocking(self.connection.engine)
+
+
+#: Async-only drivers, and the blocking driver of the same database a relay thread uses instead.
+BLOCKING_DRIVERS = {"asyncpg": "psycopg", "aiosqlite": "pysqlite"}
+
+
+@functools.lru_cache(maxsize=16)
+def _blocking_engine(url: str) -> Engine:
+    from sqlalchemy import create_engine
+
+    return create_engine(url, pool_pre_ping=True)
+
+
+def blocking(engine: Engine) -> Engine:
+    """``engine``, or for the engine of an ``AsyncSession`` (its driver runs on an event loop) a blocking engine
+    on the same database, for the relay's thread: psycopg 3 does both; asyncpg and aiosqlite have a twin."""
+    if not engine.dialect.is_async:
+        return engine
+    url = engine.url
+    driver = url.get_driver_name()
+    if driver in BLOCKING_DRIVERS:
+        url = url.set(drivername=f"{url.get_backend_name()}+{BLOCKING_DRIVERS[driver]}")
+    return _blocking_engine(url.render_as_string(hide_password=False))
 
 
 #: Django database vendors the outbox supports, and the SQLAlchemy URL scheme of each.

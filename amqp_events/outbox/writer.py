@@ -57,11 +57,20 @@ class OutboxWriter:
     @contextmanager
     def batch(self) -> Iterator[OutboxWriter]:
         """Collect the rows of a batch and insert them together when it ends (and only if it ends well)."""
+        if self._buffer is not None:  # inside a block that collects already: join it
+            yield self
+            return
+        with self.collecting() as rows:
+            yield self
+            if rows:
+                self.target.insert(rows)
+
+    @contextmanager
+    def collecting(self) -> Iterator[list[dict[str, Any]]]:
+        """Inside the block, rows are collected instead of inserted; the caller inserts what it yields."""
         self._buffer, self.ids = [], []
         try:
-            yield self
-            if self._buffer:
-                self.target.insert(self._buffer)
+            yield self._buffer
         finally:
             self._buffer = None
 

@@ -107,3 +107,37 @@ def test_a_broker_that_cannot_be_reached_raises_publish_error_without_blocking_t
         asyncio.run(fire())
     assert len(ticks) > 1  # other coroutines ran while the publish waited for the broker
     app.close()
+
+
+def test_an_async_session_s_outbox_publishes_what_its_transaction_committed_and_nothing_else(
+    postgres_url, broker_url, worker, producer, records
+):
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    worker("orders")
+    app = events_app("shop", broker_url=broker_url, amqp_events_outbox_relay=True)
+    app.outbox_store(postgres_url).create()
+
+    async def write() -> str:
+        engine = create_async_engine(postgres_url)  # psycopg 3, on the event loop
+        try:
+            async with AsyncSession(engine) as session:
+                async with session.begin(), app.outbox_async(session):
+                    kept = await app.fire_async("test.ping", ["committed"], {})
+                    app.fire("test.ping", ["committed too"], {})  # a plain fire in the block is a row too
+                with pytest.raises(RuntimeError, match="business"):
+                    async with session.begin(), app.outbox_async(session):
+                        await app.fire_async("test.ping", ["rolled back"], {})
+                        raise RuntimeError("the business write failed")
+            return kept
+        finally:
+            await engine.dispose()
+
+    try:
+        kept = asyncio.run(write())
+        seen = records.wait(2, timeout=30)  # published by the relay thread once the transaction committed
+        assert kept in {record["id"] for record in seen}
+        records.barrier(producer, ("orders",))
+        assert sorted(record["tag"] for record in records.all()) == ["committed", "committed too"]
+    finally:
+        app.close()
