@@ -32,6 +32,7 @@ from amqp_events.celery.loop import LoopWaker, acks_now
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
+from amqp_events.core.coroutines import is_coroutine_handler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.transport.declare import declare_topology
@@ -61,6 +62,13 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             raise WorkerStartError(
                 "the eventlet pool is not supported: its worker reads the broker connection twice and handles "
                 "nothing. For handlers that wait on I/O use -P gevent -c N (or -P threads -c N)"
+            )
+        coroutines = [h.name for h in self.app.handlers.values() if is_coroutine_handler(h.function)]
+        if coroutines and type(self.pool).__module__ == "celery.concurrency.gevent":
+            # Each greenlet would run an event loop of its own inside gevent's: neither loop would know the other.
+            raise WorkerStartError(
+                f"coroutine handlers ({', '.join(coroutines)}) cannot run under -P gevent: run this service's "
+                "worker with -P solo, -P threads or -P prefork"
             )
         install_limits()
         warn_of_time_limits(self.app, self.pool)

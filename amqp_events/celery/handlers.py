@@ -11,9 +11,11 @@ from celery import Task
 
 from amqp_events.breakers.options import BREAKER_OPTIONS
 from amqp_events.celery.task import EventHandler
+from amqp_events.core.coroutines import is_coroutine_handler, run_to_completion
 from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import RETRY_OPTIONS, Handler
 from amqp_events.errors import DuplicateHandler
+from amqp_events.inbox.base import effect_stores
 from amqp_events.middleware.inbox import INBOX_OPTIONS
 from amqp_events.ordering.options import ORDERING_OPTIONS
 from amqp_events.topology import check_event_name, event_queue_name
@@ -36,6 +38,9 @@ class Registry(Fires, Protocol):
     def task(self, *args: Any, **options: Any) -> Any: ...
 
     def register_task(self, task: Any, **options: Any) -> Any: ...
+
+    @property
+    def conf(self) -> Any: ...
 
 
 class EventDecorator:
@@ -82,12 +87,8 @@ class HandlerDecorator:
         options = dict(self.options)
         # A class-based handler's call is its run(self, ...); a function is called as it is.
         function = cast(Callable[..., Any], target.run if isinstance(target, type) else target)  # type: ignore[attr-defined]
-        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
-            # A worker would call it, get a coroutine back unrun, and ack the event: refuse it where it is written.
-            raise TypeError(
-                f"{described} is an async def: coroutine handlers are not supported yet. Write the handler as a "
-                "plain def (call your coroutine with asyncio.run() inside it if you must)"
-            )
+        if inspect.isasyncgenfunction(function):
+            raise TypeError(f"{described} is an async generator: a handler returns, it does not yield")
         retry_options = {**celery_retry_options(target, options, described), **options.pop("retry_options")}
         handler = Handler(
             event=event,
@@ -103,10 +104,15 @@ class HandlerDecorator:
         if handler.ordered:  # its messages come in through the service's intake
             handler = dataclasses.replace(handler, queue=intake_queue_name(app.service))
         check_task_options(options, described)
+        if is_coroutine_handler(function):
+            if effect_stores(handler)[0] is not None:
+                raise TypeError(f"{described}: a coroutine handler cannot have an inbox= yet (dedup= it can)")
+            limit = options.get("soft_time_limit")
+            function = run_to_completion(function, lambda: limit or app.conf.task_soft_time_limit)
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options
         if isinstance(target, type) and issubclass(target, Task):
             bases = (target,) if issubclass(target, EventHandler) else (target, EventHandler)
-            namespace = {"name": event, "__module__": target.__module__, **attributes}
+            namespace = {"name": event, "__module__": target.__module__, "run": function, **attributes}
             app.register_task(type(target.__name__, cast(tuple[type, ...], bases), namespace))
         else:
             # Not shared: Celery would add a shared task to every app of the process (several services).

@@ -88,6 +88,14 @@ class _Marking:
     def __enter__(self) -> None:
         return None
 
+    async def __aenter__(self) -> None:  # ``async with retry():`` in a coroutine handler, the same section
+        return None
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> Literal[False]:
+        return self.__exit__(kind, exc, traceback)
+
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> Literal[False]:
@@ -132,6 +140,14 @@ class optional:  # lower case: a context manager named as the design document na
 
     def __enter__(self) -> None:
         return None
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool:
+        return self.__exit__(kind, exc, traceback)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None

@@ -45,9 +45,10 @@ def test_a_second_handler_of_an_event_is_a_runtime_error_as_in_0_1_0():
     assert issubclass(DuplicateHandler, RuntimeError)
 
 
-def test_a_coroutine_handler_is_refused_where_it_is_written():
+def test_an_async_generator_handler_is_refused_where_it_is_written():
     app = events_app("asyncio", broker_url="amqp://in-process.invalid//")
-    with pytest.raises(TypeError, match="async def: coroutine handlers are not supported yet"):
+    with pytest.raises(TypeError, match="is an async generator: a handler returns, it does not yield"):
 
         @app.handler("a.b")
-        async def on_b(): ...
+        async def on_b():
+            yield

@@ -475,3 +475,32 @@ def test_events_fired_from_a_coroutine_are_handled_in_process_as_a_plain_fire_is
         fired = asyncio.run(fire())
         assert calls == [1, "joined 9", 3, 4]
         assert [event.id for event in events.fired] == fired
+
+
+def test_coroutine_handlers_run_in_process_from_plain_code_and_from_a_coroutine(billing, shipping):
+    import asyncio
+
+    calls = []
+
+    @billing.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int, amount: str): ...
+
+    @shipping.handler("billing.invoice.paid")
+    async def book_courier(invoice_id: int, amount: str):
+        await asyncio.sleep(0)
+        event = current_event()
+        calls.append((invoice_id, event.attempt))
+        if invoice_id == 2 and event.attempt == 1:
+            raise ConnectionError("the courier's API is down")
+
+    async def fired_from_a_coroutine() -> str:
+        return await invoice_paid.fire_async(3, "1.00")  # the handler runs while this loop waits
+
+    with in_process(billing, shipping) as events:
+        invoice_paid(1, "1.00")
+        invoice_paid(2, "1.00")
+        assert calls == [(1, 1), (2, 1)]
+        events.drain()  # the retry, after its delay on the virtual clock
+        assert calls[-1] == (2, 2)
+        asyncio.run(fired_from_a_coroutine())
+        assert calls[-1] == (3, 1)
