@@ -12,7 +12,10 @@ from amqp_events.wire import cloud_events
 from amqp_events.wire.message import OutgoingMessage
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from amqp_events.core.context import ServiceContext
+    from amqp_events.core.firing import FireOptions
     from amqp_events.settings import Settings
     from amqp_events.transport.rabbitmq import RabbitMQ
 
@@ -108,29 +111,15 @@ class Producing:
         event: str,
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        *,
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        event_id: str | None = None,
-        wire_format: str | None = None,
-        key: str | int | None = None,
+        **options: Unpack[FireOptions],
     ) -> str:
-        """:meth:`fire` from a coroutine: returns the event's id once the broker confirmed it, awaiting the
-        confirm on the running event loop (one connection per loop, through aio-pika), and raises
-        :class:`~amqp_events.PublishError` where :meth:`fire` does. Inside ``async with app.batch_async():``
-        it returns at once."""
-        wire_format = self.wire_format(wire_format) if wire_format else None
-        return await firing.fire_async(
-            self.context,
-            event,
-            args,
-            kwargs,
-            countdown=countdown,
-            eta=eta,
-            event_id=event_id,
-            wire_format=wire_format,
-            key=key,
-        )
+        """:meth:`fire` from a coroutine, with the same options: returns the event's id once the broker confirmed
+        it, awaiting the confirm on the running event loop (one connection per loop, through aio-pika), and
+        raises :class:`~amqp_events.PublishError` where :meth:`fire` does. Inside ``async with
+        app.batch_async():`` it returns at once."""
+        if options.get("wire_format"):
+            options["wire_format"] = self.wire_format(options["wire_format"])
+        return await firing.fire_async(self.context, event, args, kwargs, **options)
 
     def batch_async(self, window: int = 2000) -> Any:
         """:meth:`batch` for coroutines: ``async with app.batch_async():`` collects the confirms of the events

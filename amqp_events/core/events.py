@@ -37,16 +37,7 @@ class Fires(Protocol):
     ) -> str: ...
 
     async def fire_async(
-        self,
-        event: str,
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-        *,
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        event_id: str | None = None,
-        wire_format: str | None = None,
-        key: str | int | None = None,
+        self, event: str, args: tuple[Any, ...] | list[Any] = (), kwargs: dict[str, Any] | None = None, **options: Any
     ) -> str: ...
 
     def wire_format(self, given: str | None = None) -> str: ...

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypedDict
 
 from amqp_events.core.context import Firing, ServiceContext
 from amqp_events.errors import PublishError, TopologyMissing
@@ -23,6 +23,9 @@ from amqp_events.topology import check_event_name, delays
 from amqp_events.topology.names import slot_of
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import EVENT_SLOT, OutgoingMessage, event_envelope, event_key, new_event_id
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +88,8 @@ def fire(
 ) -> str:
     """Fire ``event`` (no validation) and return its id: once the broker confirmed it, or once an open sink
     took it (see :meth:`amqp_events.celery.EventsApp.fire`)."""
-    firing = _built(context, event, args, kwargs, countdown, eta, event_id, wire_format, key)
+    firing = _built(context, event, args, kwargs, countdown=countdown, eta=eta, event_id=event_id,
+                    wire_format=wire_format, key=key)  # fmt: skip
     if _taken(firing):
         return firing.message.message_id
     message = delayed(context, firing.message, firing.delay)
@@ -96,20 +100,25 @@ def fire(
     return _published(firing, message, routed)
 
 
+class FireOptions(TypedDict, total=False):
+    """The keyword options of :func:`fire`, for its coroutine twin."""
+
+    countdown: float | None
+    eta: datetime | None
+    event_id: str | None
+    wire_format: str | None
+    key: Any
+
+
 async def fire_async(
     context: ServiceContext,
     event: str,
     args: tuple[Any, ...] | list[Any] = (),
     kwargs: dict[str, Any] | None = None,
-    *,
-    countdown: float | None = None,
-    eta: datetime | None = None,
-    event_id: str | None = None,
-    wire_format: str | None = None,
-    key: Any = None,
+    **options: Unpack[FireOptions],
 ) -> str:
     """:func:`fire` from a coroutine: the confirm is awaited without blocking the event loop."""
-    firing = _built(context, event, args, kwargs, countdown, eta, event_id, wire_format, key)
+    firing = _built(context, event, args, kwargs, **options)
     if _taken(firing):
         return firing.message.message_id
     message = delayed(context, firing.message, firing.delay)
@@ -125,14 +134,13 @@ def _built(
     event: str,
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any] | None,
-    countdown: float | None,
-    eta: datetime | None,
-    event_id: str | None,
-    wire_format: str | None,
-    key: Any,
+    **options: Unpack[FireOptions],
 ) -> Firing:
     """The fired event's message, through the ``before_fire`` hooks."""
-    message, delay = fired_message(context, event, args, kwargs or {}, countdown, eta, event_id, wire_format, key)
+    message, delay = fired_message(
+        context, event, args, kwargs or {}, options.get("countdown"), options.get("eta"), options.get("event_id"),
+        options.get("wire_format"), options.get("key"),
+    )  # fmt: skip
     firing = Firing(context, message, delay, batched=isinstance(open_sink(context.name), Batch))
     for before in context.middleware.before_fire:
         before(firing)
