@@ -18,9 +18,9 @@ from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
 from bench import (
-    asyncio_firing,
     cloud_events,
     console,
+    coroutines,
     handling,
     history,
     in_process,
@@ -62,8 +62,10 @@ def main() -> int:
         if wanted("fire_in_a_batch"):
             results.append(scenarios.fire_in_a_batch(bench, size))
         if wanted("fire_async"):
-            results.append(asyncio_firing.fire_async_one_at_a_time(bench, size))
-            results.append(asyncio_firing.fire_async_in_a_batch(bench, size))
+            results.append(coroutines.fire_async_one_at_a_time(bench, size))
+            results.append(coroutines.fire_async_in_a_batch(bench, size))
+        if wanted("coroutine_handler"):
+            results.append(coroutines.coroutine_handler_drain(bench, size))
         one_service = None
         if wanted("end_to_end"):
             solo = scenarios.end_to_end(bench, size, "solo", 1)

@@ -10,9 +10,17 @@ from amqp_events.celery import events_app
 app = events_app(os.environ.get("SERVICE", "bench"), broker_url=os.environ["BROKER_URL"])
 
 
-@app.handler("bench.noop")
-def noop(n, last=False):
-    mark(n, last)
+if os.environ.get("ASYNC_NOOP"):  # the same handler as a coroutine (bench/coroutines.py)
+
+    @app.handler("bench.noop")
+    async def noop(n, last=False):
+        mark(n, last)
+
+else:
+
+    @app.handler("bench.noop")
+    def noop(n, last=False):
+        mark(n, last)
 
 
 @app.handler("bench.wait", bind=True)

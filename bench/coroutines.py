@@ -1,5 +1,6 @@
-"""Firing from asyncio: ``await event.fire_async(...)`` against FastStream's ``broker.publish`` (both aio-pika,
-both waiting for the confirm), and ``app.batch_async()`` against raw aio-pika with every confirm in flight."""
+"""Coroutines: firing with ``await event.fire_async(...)`` against FastStream's ``broker.publish`` (both aio-pika,
+both waiting for the confirm), ``app.batch_async()`` against raw aio-pika with every confirm in flight, and a
+no-op coroutine handler drained beside the same no-op plain handler."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import aio_pika
 from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange
 
 from bench.harness import Bench
-from bench.scenarios import Result, Size, ours_app
+from bench.scenarios import Result, Size, drain, ours_app
 
 
 def fire_async_one_at_a_time(bench: Bench, size: Size) -> Result:
@@ -122,3 +123,21 @@ async def raw_pipelined(url: str, messages: list) -> float:  # type: ignore[type
     rate = len(messages) / (time.perf_counter() - started)
     await connection.close()
     return rate
+
+
+def coroutine_handler_drain(bench: Bench, size: Size) -> Result:
+    """A no-op ``async def`` handler against the same no-op plain handler, one solo worker each, alternating."""
+    ours, plain = [], []
+    for _ in range(size.repeats):
+        ours.append(drain(bench, size, "ours", "solo", 1, worker_env={"ASYNC_NOOP": "1"}))
+        plain.append(drain(bench, size, "ours", "solo", 1))
+    ratio = median(a / b for a, b in zip(ours, plain, strict=True))
+    return Result(
+        f"drain of {size.drain:,} events, a no-op coroutine handler (solo)",
+        f"{median(ours):,.0f} events/s",
+        f"the same no-op plain handler: {median(plain):,.0f} events/s",
+        ratio,
+        ">= 0.9x the plain handler",
+        ratio >= 0.9,
+        {"coroutine": median(ours), "plain": median(plain)},
+    )
