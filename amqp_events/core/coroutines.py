@@ -32,13 +32,17 @@ def is_coroutine_handler(function: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(function)
 
 
-def run_to_completion(function: Callable[..., Awaitable[T]], timeout: Callable[[], float | None]) -> Callable[..., T]:
+def run_to_completion(
+    function: Callable[..., Coroutine[Any, Any, T]], timeout: Callable[[], float | None]
+) -> Callable[..., T]:
     """A plain function that runs ``function``'s coroutine to completion (``timeout()`` seconds at most)."""
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> T:
         limit = timeout()
-        coroutine: Coroutine[Any, Any, T] = _bounded(function(*args, **kwargs), limit)
+        coroutine: Coroutine[Any, Any, T] = function(*args, **kwargs)
+        if limit is not None:
+            coroutine = _bounded(coroutine, limit)
         if asyncio._get_running_loop() is None:
             return _complete(_loop(), coroutine)
         context = contextvars.copy_context()  # the helper thread sees this call's context variables
@@ -47,9 +51,7 @@ def run_to_completion(function: Callable[..., Awaitable[T]], timeout: Callable[[
     return run
 
 
-async def _bounded(awaitable: Awaitable[T], limit: float | None) -> T:
-    if limit is None:
-        return await awaitable
+async def _bounded(awaitable: Awaitable[T], limit: float) -> T:
     return await asyncio.wait_for(awaitable, limit)
 
 
