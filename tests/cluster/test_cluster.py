@@ -24,6 +24,10 @@ from amqp_events.local.processes import alive
 from amqp_events.testing import wait_for
 from faults.chaos import StrandedDeadLetters
 
+# Starting the session's three nodes, and bringing back those a test stopped, is bounded by each node's own start
+# timeout and counts against no test: on two loaded cores the first start alone took 275 s of a test's 300.
+pytestmark = pytest.mark.timeout(300, func_only=True)
+
 
 def vhost_of(url: str) -> str:
     return urllib.parse.unquote(url.split(";")[0].rsplit("/", 1)[1])
