@@ -146,6 +146,12 @@ class Settings:
     history_max_bytes: int = 10 * 1024**3
     #: Bytes of one segment file: retention drops whole segments, so old events go in steps of this size.
     history_segment_bytes: int = 100 * 1024**2
+    #: Coroutine handlers (``async def``) in flight at once in a worker process with the solo or threads pool
+    #: (each waiting on I/O costs a few KB); the worker's prefetch is raised to at least this to keep them busy.
+    async_concurrency: int = 100
+    #: Seconds a warm shutdown lets running coroutine handlers finish; the rest are cancelled and their messages
+    #: go back to the broker unacked (to run again).
+    async_shutdown_timeout: float = 30.0
     #: A breaker for every handler of the service that does not say otherwise (``@app.handler(breaker=...)``):
     #: True (the default policy) or a dict of the policy's fields (``failures``, ``window``, ``open_for``, ...);
     #: None: only the handlers that ask for one have a breaker.
@@ -178,6 +184,8 @@ class Settings:
             problems.append("outbox_lease and outbox_poll_interval must be > 0")
         if self.inbox_retention <= 0 or self.inbox_prune_interval <= 0:
             problems.append("inbox_retention and inbox_prune_interval must be > 0")
+        if self.async_concurrency < 1 or self.async_shutdown_timeout < 0:
+            problems.append("async_concurrency must be >= 1 and async_shutdown_timeout >= 0")
         if self.log_format not in ("text", "json"):
             problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if self.shared_topology not in ("declare", "check"):

@@ -142,6 +142,25 @@ def effects_tables(url: str) -> Iterator[Any]:
         engine.dispose()
 
 
+def effect_count(engine: Any, **where: str) -> int:
+    """Rows of the test services' effects table (matching ``where``)."""
+    from sqlalchemy import func, select, text
+
+    query = select(func.count()).select_from(text("effects"))
+    for column, value in where.items():
+        query = query.where(text(f"{column} = :{column}").bindparams(**{column: value}))
+    with engine.connect() as connection:
+        return int(connection.execute(query).scalar_one())
+
+
+def publish_twice(producer: EventsApp, event: str, tag: str, how: dict[str, Any] | None = None) -> str:
+    """The same message (one event id) published twice, as a redelivery or a relay's retry would."""
+    message = producer.event_message(event, [tag], {"how": how or {}})
+    for _ in range(2):
+        producer.transport.publish(message)
+    return message.message_id
+
+
 #: Debian's ``chromium``: Playwright drives it (its own browser download is not used).
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -28,11 +28,12 @@ from kombu import Connection
 from kombu.message import Message
 from vine import promise
 
+from amqp_events.celery.coroutines import CoroutineRunner, raise_prefetch, runs_coroutines
 from amqp_events.celery.loop import LoopWaker, acks_now
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.coroutines import is_coroutine_handler
+from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.transport.declare import declare_topology
@@ -46,6 +47,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     hub: Any
     #: Runs the messages of ordered handlers (:mod:`amqp_events.celery.ordered`), made by their strategy.
     ordered_runner: OrderedRunner | None = None
+    #: Runs the messages of coroutine handlers on the worker's event loop (solo and threads pools).
+    coroutine_runner: CoroutineRunner | None = None
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         # Upstream (5.5+): the DelayedDelivery step declares 28 queues of its own on every vhost with quorum
@@ -72,6 +75,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             )
         install_limits()
         warn_of_time_limits(self.app, self.pool)
+        if runs_coroutines(self.app, self.pool):
+            settings = self.app.context.settings
+            raise_prefetch(self, settings.async_concurrency)
+            self.coroutine_runner = CoroutineRunner(self, settings.async_concurrency, settings.async_shutdown_timeout)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
         self.loop_thread = threading.get_ident()
@@ -103,6 +110,9 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         signals.worker_shutting_down.disconnect(self.wake_event_loop)
         if self.ordered_runner is not None:
             self.ordered_runner.stop()
+        if self.coroutine_runner is not None:  # before the connection closes: their acks go out first
+            self.coroutine_runner.stop()
+            self.coroutine_runner = None
         if self.waker is not None:
             self.waker.close()
             self.waker = None
@@ -154,7 +164,10 @@ def warn_of_time_limits(app: Any, pool: Any) -> None:
     limited = sorted(
         task.name
         for task in app.event_handlers()
-        if (task.time_limit or task.soft_time_limit or conf.task_time_limit or conf.task_soft_time_limit)
+        # a coroutine handler's soft time limit cancels it (asyncio), whatever the pool
+        if task.time_limit
+        or conf.task_time_limit
+        or ((task.soft_time_limit or conf.task_soft_time_limit) and not is_coroutine_handler(task.handler.function))
     )
     if limited:
         logger.warning(

@@ -11,11 +11,10 @@ from celery import Task
 
 from amqp_events.breakers.options import BREAKER_OPTIONS
 from amqp_events.celery.task import EventHandler
-from amqp_events.core.coroutines import is_coroutine_handler, run_to_completion
 from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import RETRY_OPTIONS, Handler
+from amqp_events.coroutines import is_coroutine_handler, run_to_completion
 from amqp_events.errors import DuplicateHandler
-from amqp_events.inbox.base import effect_stores
 from amqp_events.middleware.inbox import INBOX_OPTIONS
 from amqp_events.ordering.options import ORDERING_OPTIONS
 from amqp_events.topology import check_event_name, event_queue_name
@@ -105,8 +104,6 @@ class HandlerDecorator:
             handler = dataclasses.replace(handler, queue=intake_queue_name(app.service))
         check_task_options(options, described)
         if is_coroutine_handler(function):
-            if effect_stores(handler)[0] is not None:
-                raise TypeError(f"{described}: a coroutine handler cannot have an inbox= yet (dedup= it can)")
             limit = options.get("soft_time_limit")
             function = run_to_completion(function, lambda: limit or app.conf.task_soft_time_limit)
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options

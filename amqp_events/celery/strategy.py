@@ -9,7 +9,8 @@ event handler needs none of it: the handling pipeline
 
 With the solo pool, this strategy runs the pipeline on the message itself, in
 the consumer's own thread, then acks (or rejects) it; with the threads pool,
-in a thread of the pool, its ack sent back to the consumer's thread. The same
+in a thread of the pool, its ack sent back to the consumer's thread; a coroutine
+handler's, on the worker's event loop (:mod:`amqp_events.celery.coroutines`). The same
 guarantees (acks late, the copy of a retry or an archive confirmed first, a
 message the worker loses goes back to the broker) without Celery's
 per-message work. Celery's own path is kept whenever something relies on it:
@@ -38,6 +39,7 @@ from amqp_events.celery.batches import batch_runner, splitting
 from amqp_events.celery.ordered import ordered_strategy
 from amqp_events.celery.received import decoded_delivery
 from amqp_events.celery.running import run_here
+from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.wire.batch import is_batch
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., 
     handle = handler_of(task, app, consumer.hostname, consumer.connection_errors)
     run_batch = batch_runner(task, app, consumer)
     in_a_thread = pool.apply_async if isinstance(pool, ThreadsPool) else None
+    if consumer.coroutine_runner is not None and is_coroutine_handler(task.handler.function):
+        in_a_thread = consumer.coroutine_runner.submit  # on the worker's event loop, many at a time
 
     def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
         headers = message.headers
@@ -79,7 +83,7 @@ def events(task: Any, app: Any, consumer: Any, **options: Any) -> Callable[..., 
         run = run_batch if is_batch(headers) else handle
         if in_a_thread is None:
             run(message, ack, reject)
-        else:  # the ack goes back to the event loop's thread (Consumer.call_soon_ack wakes it)
+        else:  # the ack goes back to the consumer's thread (Consumer.call_soon wakes it)
             in_a_thread(run, (message, ack, reject))
         return None
 

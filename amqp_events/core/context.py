@@ -16,6 +16,7 @@ costs nothing (:class:`Middlewares` keeps, per hook, only the overriding ones).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from amqp_events.core.delivery import Delivery, Received
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Handling, Outcome
 from amqp_events.core.policy import RetryPolicy
+from amqp_events.coroutines import complete, is_coroutine_handler
 from amqp_events.settings import Settings
 from amqp_events.topology import Topology, service_topology
 from amqp_events.transport.base import Transport
@@ -113,6 +115,10 @@ class Middleware:
     Operating:
 
     * ``before_replay(replay)`` / ``after_replay(replay, error)``: around sending an archived message back.
+
+    Any hook may be a coroutine function (``async def``): in a worker it is awaited on the
+    worker's event loop, where coroutine handlers run, so that it may share their clients (an async database
+    engine, ``httpx.AsyncClient``); elsewhere on a loop of the calling thread.
     """
 
     def before_fire(self, firing: Firing) -> None:
@@ -169,7 +175,7 @@ class Middlewares:
     def __init__(self, items: Iterable[Middleware] = ()) -> None:
         self.items: tuple[Middleware, ...] = tuple(items)
         for hook in HOOKS:
-            methods = [getattr(item, hook) for item in self.items if _overrides(item, hook)]
+            methods = [_plain(getattr(item, hook)) for item in self.items if _overrides(item, hook)]
             if hook.startswith("after_"):
                 methods.reverse()
             setattr(self, hook, tuple(methods))
@@ -196,6 +202,18 @@ class Middlewares:
 
 def _overrides(item: Middleware, hook: str) -> bool:
     return getattr(type(item), hook, None) is not getattr(Middleware, hook)
+
+
+def _plain(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook as the pipeline calls it: an ``async def`` one awaited to completion (see :class:`Middleware`)."""
+    if not is_coroutine_handler(method):
+        return method
+
+    @functools.wraps(method)
+    def awaited(*args: Any) -> Any:
+        return complete(method(*args))
+
+    return awaited
 
 
 @dataclass(frozen=True, eq=False)

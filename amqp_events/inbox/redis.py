@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from amqp_events.coroutines import complete
 from amqp_events.inbox.base import EffectKey
 
 #: Default lifetime of a key: as long as the inbox's retention (a duplicate arriving later runs again).
@@ -23,7 +25,11 @@ class RedisDedup:
         self.client, self.ttl, self.prefix = client, ttl, prefix
 
     def seen(self, key: EffectKey) -> bool:
-        return bool(self.client.exists(self.prefix + str(key)))
+        return bool(_result(self.client.exists(self.prefix + str(key))))
 
     def record(self, key: EffectKey) -> None:
-        self.client.set(self.prefix + str(key), b"1", nx=True, ex=self.ttl)
+        _result(self.client.set(self.prefix + str(key), b"1", nx=True, ex=self.ttl))
+
+
+def _result(reply: Any) -> Any:
+    return complete(reply) if inspect.iscoroutine(reply) else reply

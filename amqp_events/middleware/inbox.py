@@ -21,6 +21,7 @@ from amqp_events.core.handling import DUPLICATE
 from amqp_events.core.options import HandlerOptions
 from amqp_events.core.outcome import Ack, Outcome
 from amqp_events.core.settle import describe
+from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.inbox.base import EffectKey, effect_stores
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,14 @@ def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
             f"{handler.name} has an inbox, so it receives the inbox's session or connection as its first "
             "argument: add a parameter for it, e.g. def handler(session, ...)"
         )
+    coroutine, async_inbox = is_coroutine_handler(handler.function), getattr(options["inbox"], "is_async", False)
+    if coroutine and not async_inbox:
+        raise TypeError(
+            f"{handler.name} is a coroutine handler: its inbox must hand it an async session, "
+            "Inbox(async_sessionmaker(...)) or Inbox(create_async_engine(...)), not one that blocks its event loop"
+        )
+    if async_inbox and not coroutine:
+        raise TypeError(f"{handler.name} has an inbox of async sessions: write it as a coroutine (async def)")
     return {"handle_first": True}
 
 

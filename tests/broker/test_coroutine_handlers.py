@@ -4,7 +4,7 @@ can run them, and a clear refusal on the one that cannot."""
 from __future__ import annotations
 
 import pytest
-from helpers import wait_archived
+from helpers import queue_state, wait_archived
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
@@ -53,3 +53,38 @@ def test_a_gevent_worker_refuses_coroutine_handlers_with_a_clear_message(worker)
     process = worker("awaits", pool="gevent", concurrency=10, ready=False)
     wait_for(lambda: not process.is_running(), 60, what="the worker to stop")
     assert "cannot run under -P gevent" in process.log() and "-P solo" in process.log()
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("threads", 2)])
+def test_coroutine_handlers_wait_on_io_together_in_one_worker(pool, concurrency, worker, producer, records):
+    """Each handler waits until all 40 are in flight at once: run one after another, each would time out."""
+    worker("awaits", pool=pool, concurrency=concurrency)
+    for n in range(40):
+        producer.fire("test.together", [f"t{n}"], {"group": pool, "size": 40})
+    done = wait_for(lambda: len(ran := records.all(event="test.together", hook=None)) == 40 and ran, 90, what="runs")
+    assert all(record["together"] for record in done), done
+    assert len({record["pid"] for record in done}) == 1
+    hooks = records.all(hook=True)  # a middleware's async before_handle: awaited on the handlers' loop
+    assert len(hooks) == 40 and {hook["loop"] for hook in hooks} == {record["loop"] for record in done}
+    wait_for(lambda: queue_state(producer, "awaits:test.together") == (0, 1) or None, 30, what="every message acked")
+
+
+def test_a_warm_shutdown_lets_running_coroutines_finish(worker, producer, records):
+    process = worker("awaits")
+    for n in range(5):
+        producer.fire("test.lingering", [f"l{n}"], {"seconds": 2})
+    records.wait(5, timeout=60, state="started")
+    assert process.stop(timeout=60) == 0
+    assert len(records.all(state="finished")) == 5
+    assert queue_state(producer, "awaits:test.lingering") == (0, 0)  # all acked before the connection closed
+
+
+def test_a_warm_shutdown_gives_back_what_is_still_running_after_its_bound(worker, producer, records):
+    process = worker("awaits", env={"SHUTDOWN_TIMEOUT": "1"})
+    for n in range(5):
+        producer.fire("test.lingering", [f"l{n}"], {"seconds": 3600})
+    records.wait(5, timeout=60, state="started")
+    assert process.stop(timeout=60) == 0  # a warm shutdown: nothing killed
+    assert "5 coroutine handler(s) still running" in process.log()
+    assert not records.all(state="finished")
+    assert queue_state(producer, "awaits:test.lingering") == (5, 0)  # back on the broker, to run again

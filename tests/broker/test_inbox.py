@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
-from helpers import TESTS, effects_tables, wait_archived
+from helpers import TESTS, effect_count, effects_tables, publish_twice, wait_archived
 from services.effects import metadata
-from sqlalchemy import create_engine, func, insert, select, text
+from sqlalchemy import create_engine, func, insert, select
 
 from amqp_events import events_app
 from amqp_events.inbox.sql import InboxTable
@@ -34,22 +34,6 @@ def payments(worker, database, effects_db, request):
         return worker("payments", *extra, env={"DATABASE_URL": database, **redis, **(env or {})}, **options)
 
     return start
-
-
-def effect_count(engine, **where: str) -> int:
-    query = select(func.count()).select_from(text("effects"))
-    for column, value in where.items():
-        query = query.where(text(f"{column} = :{column}").bindparams(**{column: value}))
-    with engine.connect() as connection:
-        return int(connection.execute(query).scalar_one())
-
-
-def publish_twice(producer, event: str, tag: str, how: dict | None = None) -> str:
-    """The same message (one event id) published twice, as a redelivery or a relay's retry would."""
-    message = producer.event_message(event, [tag], {"how": how or {}})
-    for _ in range(2):
-        producer.transport.publish(message)
-    return message.message_id
 
 
 @pytest.mark.parametrize("event", ["pay.session", "pay.connection"])

@@ -19,9 +19,10 @@ from amqp_events.testing import wait_for
 from amqp_events.topology.names import slot_of
 
 
-@pytest.mark.parametrize("pool", ["solo", "threads", "prefork"])
-def test_each_account_is_handled_in_order_through_retries_on_every_pool(pool, worker, producer, records):
-    options = {"pool": pool, "concurrency": 1 if pool == "solo" else 3}
+@pytest.mark.parametrize(("pool", "coroutines"), [("solo", "0"), ("threads", "0"), ("prefork", "0"), ("threads", "1")])
+def test_each_account_is_handled_in_order_through_retries_on_every_pool(pool, coroutines, worker, producer, records):
+    """And with coroutine handlers, on the worker's event loop (``coroutines``)."""
+    options = {"pool": pool, "concurrency": 1 if pool == "solo" else 3, "env": {"COROUTINES": coroutines}}
     workers = [worker("ledger", **options) for _ in range(2)]
     fired = fire_sequences(producer, [f"acct-{n}" for n in range(12)], 10, failing=0.15, rng=random.Random(7))
     wait_for(lambda: all_succeeded(records, fired), 120, what="every event handled")

@@ -1,9 +1,10 @@
 """The ``awaits`` test service: its handlers are coroutines (``async def``), run by a plain worker."""
 
 import asyncio
+import json
 import os
 
-from amqp_events import current_event, optional, poisonous, retry
+from amqp_events import Middleware, current_event, optional, poisonous, retry
 from amqp_events.celery import events_app
 from services.behaviour import behave, record
 
@@ -11,7 +12,24 @@ app = events_app(
     "awaits",
     broker_url=os.environ["BROKER_URL"],
     amqp_events_max_retries=int(os.environ.get("MAX_RETRIES", "3")),
+    amqp_events_async_shutdown_timeout=float(os.environ.get("SHUTDOWN_TIMEOUT", "30")),
 )
+#: Coroutines of test.together in flight in this process, by group.
+_in_flight: dict[str, int] = {}
+
+
+class LoopOfHooks(Middleware):
+    """An async hook: it records the loop it ran on (the handlers' own, in a worker)."""
+
+    async def before_handle(self, attempt):
+        if attempt.delivery.headers.get("task") == "test.together":
+            await asyncio.sleep(0)
+            line = {"tag": "hook", "hook": True, "loop": id(asyncio.get_running_loop())}
+            with open(os.environ["RECORD_FILE"], "a") as out:  # current_event() is the handler's alone
+                out.write(json.dumps(line) + "\n")
+
+
+app.add_middleware(LoopOfHooks())
 
 
 @app.handler("test.ping", bind=True)
@@ -40,3 +58,26 @@ async def on_sections(tag, fail):
     async with poisonous(name="parse"):
         if fail.get("parse"):
             raise KeyError("amount")
+
+
+@app.handler("test.together", max_retries=0)
+async def on_together(tag, group, size):
+    """Waits (30 s at most) until ``size`` handlers of ``group`` are in flight at once in this process."""
+    _in_flight[group] = _in_flight.get(group, 0) + 1
+    try:
+        await asyncio.wait_for(_all_there(group, size), 30)
+        record("awaits", tag=tag, together=True, loop=id(asyncio.get_running_loop()))
+    except asyncio.TimeoutError:
+        record("awaits", tag=tag, together=False, most=_in_flight[group])
+
+
+async def _all_there(group, size):
+    while _in_flight[group] < size:
+        await asyncio.sleep(0.005)
+
+
+@app.handler("test.lingering", max_retries=0)
+async def on_lingering(tag, seconds):
+    record("awaits", tag=tag, state="started")
+    await asyncio.sleep(seconds)
+    record("awaits", tag=tag, state="finished")

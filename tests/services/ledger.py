@@ -1,5 +1,8 @@
-"""The ``ledger`` test service: ordered handlers of two events of one aggregate, an account."""
+"""The ``ledger`` test service: ordered handlers of two events of one aggregate, an account (coroutine handlers
+doing the same with ``COROUTINES=1``)."""
 
+import asyncio
+import functools
 import os
 import time
 
@@ -29,16 +32,31 @@ def in_order(account: str, seq: int, how: dict | None) -> None:
         raise Flaky(f"{account}:{seq} failed on attempt {current_event().attempt}")
 
 
+def maybe_coroutine(function):
+    if os.environ.get("COROUTINES") != "1":
+        return function
+
+    @functools.wraps(function)
+    async def run(*args, **kwargs):
+        await asyncio.sleep(0.001)  # gives the loop back: other keys' coroutines run meanwhile
+        return function(*args, **kwargs)
+
+    return run
+
+
 @app.handler("accounts.account.opened", ordered_by="account")
+@maybe_coroutine
 def on_opened(account: str, seq: int, how: dict | None = None):
     in_order(account, seq, how)
 
 
 @app.handler("accounts.money.moved", ordered_by="account")
+@maybe_coroutine
 def on_moved(account: str, seq: int, how: dict | None = None):
     in_order(account, seq, how)
 
 
 @app.handler("accounts.note.added", ordered_by="account", on_archive="skip")
+@maybe_coroutine
 def on_note(account: str, seq: int, how: dict | None = None):
     in_order(account, seq, how)

@@ -504,3 +504,32 @@ def test_coroutine_handlers_run_in_process_from_plain_code_and_from_a_coroutine(
         assert calls[-1] == (2, 2)
         asyncio.run(fired_from_a_coroutine())
         assert calls[-1] == (3, 1)
+
+
+def test_a_middleware_hook_may_be_a_coroutine_awaited_on_the_loop_of_the_handlers(billing, shipping):
+    import asyncio
+
+    from amqp_events import Middleware
+
+    loops: dict[str, object] = {}
+
+    class Audit(Middleware):
+        async def before_handle(self, attempt):
+            await asyncio.sleep(0)
+            loops["before_handle"] = asyncio.get_running_loop()
+
+        async def after_handle(self, attempt, outcome, error):
+            loops["after_handle"] = asyncio.get_running_loop()
+
+    @billing.event("billing.invoice.paid")
+    def invoice_paid(invoice_id: int, amount: str): ...
+
+    @shipping.handler("billing.invoice.paid")
+    async def book_courier(invoice_id: int, amount: str):
+        loops["handler"] = asyncio.get_running_loop()
+
+    shipping.add_middleware(Audit())
+    with in_process(billing, shipping):
+        invoice_paid(1, "1.00")
+    assert set(loops) == {"before_handle", "handler", "after_handle"}
+    assert len({id(loop) for loop in loops.values()}) == 1

@@ -1,0 +1,80 @@
+"""Coroutine handlers in a solo or threads worker: the worker's event loop, fed by the consumer, its acks sent
+back to the consumer's thread.
+
+The consumer's strategy (:mod:`amqp_events.celery.strategy`) hands each message of a coroutine handler to
+:meth:`CoroutineRunner.submit`; its pipeline runs on the worker's loop (:class:`~amqp_events.coroutines.
+WorkerLoop`), ``amqp_events_async_concurrency`` at a time. Acks and rejects must be sent from the consumer's
+thread (a channel is not thread-safe): they queue here and the consumer's event loop, woken, sends them. The
+prefetch is raised so that the broker keeps that many messages in hand.
+
+A warm shutdown waits up to ``amqp_events_async_shutdown_timeout`` seconds for the running ones, sends their
+acks, and cancels the rest: they go back to the broker unacked when the connection closes. Under prefork each
+child runs its coroutines one at a time to completion; gevent (and eventlet) workers refuse coroutine handlers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from amqp_events.coroutines import WorkerLoop, is_coroutine_handler
+
+logger = logging.getLogger(__name__)
+
+
+class CoroutineRunner:
+    """Runs the messages of a consumer's coroutine handlers on the worker's loop."""
+
+    def __init__(self, consumer: Any, concurrency: int, shutdown_timeout: float) -> None:
+        self.consumer = consumer
+        self.shutdown_timeout = shutdown_timeout
+        self.worker_loop = WorkerLoop(concurrency)
+        self._settled: deque[Callable[[], Any]] = deque()  # acks and rejects for the consumer's thread
+        self.worker_loop.start()
+
+    def submit(self, run: Callable[..., None], args: tuple[Any, Any, Any]) -> None:
+        """Run ``run(message, ack, reject)`` on the loop (the threads pool's ``apply_async`` signature)."""
+        message, ack, reject = args
+        self.worker_loop.spawn(run, (message, self._from_consumer(ack), self._from_consumer(reject)))
+
+    def _from_consumer(self, callback: Callable[..., Any]) -> Callable[..., None]:
+        def queued(*args: Any) -> None:
+            self._settled.append(functools.partial(callback, *args))
+            self.consumer.call_soon(self.send_settled)
+
+        return queued
+
+    def send_settled(self) -> None:
+        """Send the acks and rejects of the messages that finished (in the consumer's thread)."""
+        while self._settled:
+            self._settled.popleft()()
+
+    def stop(self) -> None:
+        given_back = self.worker_loop.stop(self.shutdown_timeout)
+        self.send_settled()
+        if given_back:
+            logger.warning(
+                "%d coroutine handler(s) still running after %s s of warm shutdown were cancelled: their "
+                "messages go back to the broker unacked",
+                given_back,
+                self.shutdown_timeout,
+            )
+
+
+def runs_coroutines(app: Any, pool: Any) -> bool:
+    """Does a worker of ``app`` with ``pool`` run coroutine handlers on its own loop (solo and threads)?"""
+    if type(pool).__module__ not in ("celery.concurrency.solo", "celery.concurrency.thread"):
+        return False
+    return any(is_coroutine_handler(handler.function) for handler in app.handlers.values())
+
+
+def raise_prefetch(consumer: Any, concurrency: int) -> None:
+    """Let the broker hand the worker at least ``concurrency`` messages at once (per consumer on quorum queues)."""
+    processes = max(1, consumer.pool.num_processes or 1)
+    if consumer.initial_prefetch_count and consumer.initial_prefetch_count < concurrency:
+        consumer.prefetch_multiplier = math.ceil(concurrency / processes)
+        consumer.initial_prefetch_count = consumer.prefetch_multiplier * processes

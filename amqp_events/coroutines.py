@@ -1,0 +1,226 @@
+"""Coroutine handlers (``async def``) and the event loop a worker process owns for them.
+
+A coroutine handler is called as any handler is, from the handling pipeline (middleware, outcomes, retries,
+the archive, acknowledgements: one pipeline for both kinds), through :func:`run_to_completion`. Where its
+coroutine then runs:
+
+* In a worker with a :class:`WorkerLoop` (the solo and threads pools), the pipeline of each message runs in a
+  greenlet on the loop's thread (:meth:`WorkerLoop.spawn`): at the handler's call the greenlet hands the
+  coroutine to the loop and is resumed with its result, so up to ``concurrency`` messages are in flight while
+  their handlers wait on I/O. The rest of the pipeline is plain code between two awaits. Any other call made in
+  that process (an ordered handler, a history batch) runs its coroutine on the same loop, the caller waiting:
+  a handler's ``httpx.AsyncClient`` or database pool belongs to one loop.
+* Anywhere else (a prefork child, the in-process mode, a direct call): to completion on an event loop kept per
+  thread; where the thread runs a loop already (a test calling the in-process mode from a coroutine), on a
+  helper thread's loop meanwhile.
+
+The call's context variables (``current_event()``, tracing) are the coroutine's. A ``timeout`` (the handler's
+soft time limit) cancels the coroutine, which then fails as a handler that raised ``TimeoutError`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import functools
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+
+import greenlet
+
+T = TypeVar("T")
+
+_local = threading.local()
+#: Runs coroutines whose caller's thread has a running loop (one at a time: the caller waits for each).
+_helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="amqp-events-coroutines")
+#: The loop of this process's worker, while it runs one.
+_worker_loop: WorkerLoop | None = None
+
+
+def is_coroutine_handler(function: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(function)
+
+
+def run_to_completion(
+    function: Callable[..., Coroutine[Any, Any, T]], timeout: Callable[[], float | None]
+) -> Callable[..., T]:
+    """A plain function that runs ``function``'s coroutine to completion (``timeout()`` seconds at most)."""
+
+    @functools.wraps(function)
+    def run(*args: Any, **kwargs: Any) -> T:
+        limit = timeout()
+        coroutine: Coroutine[Any, Any, T] = function(*args, **kwargs)
+        return complete(coroutine if limit is None else _bounded(coroutine, limit))
+
+    return run
+
+
+def complete(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``coroutine``'s result, from plain code, on the loop the calling code's coroutines run on (see above)."""
+    if isinstance(greenlet.getcurrent(), _Pipeline):
+        return _await_in_pipeline(coroutine)
+    worker_loop = _worker_loop
+    if worker_loop is not None:
+        return worker_loop.run(coroutine)
+    if asyncio._get_running_loop() is None:
+        return _complete(_loop(), coroutine)
+    context = contextvars.copy_context()  # the helper thread sees this call's context variables
+    return _helper.submit(context.run, lambda: _complete(_loop(), coroutine)).result()
+
+
+@contextlib.contextmanager
+def entered(manager: AbstractAsyncContextManager[T]) -> Iterator[T]:
+    """An async context manager (an async database transaction) entered and left from plain code with
+    :func:`complete`: the pipeline opens it around a coroutine handler's call on that handler's loop."""
+    value = complete(_enter(manager))
+    try:
+        yield value
+    except BaseException as error:
+        if not complete(_exit(manager, error)):
+            raise
+    else:
+        complete(_exit(manager, None))
+
+
+async def _enter(manager: AbstractAsyncContextManager[T]) -> T:
+    return await manager.__aenter__()
+
+
+async def _exit(manager: AbstractAsyncContextManager[Any], error: BaseException | None) -> bool | None:
+    if error is None:
+        return await manager.__aexit__(None, None, None)
+    return await manager.__aexit__(type(error), error, error.__traceback__)
+
+
+async def _bounded(awaitable: Awaitable[T], limit: float) -> T:
+    return await asyncio.wait_for(awaitable, limit)
+
+
+def _loop() -> asyncio.AbstractEventLoop:
+    loop: asyncio.AbstractEventLoop | None = getattr(_local, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _local.loop = asyncio.new_event_loop()
+    return loop
+
+
+def _complete(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) -> T:
+    task = loop.create_task(coroutine)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException:
+        # Interrupted from outside (a worker's hard limit, a shutdown): the coroutine must not go on running
+        # on this thread's loop during the next call.
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(task)
+        raise
+
+
+# -- the worker's loop -------------------------------------------------------------------------------------
+
+
+class _Pipeline(greenlet.greenlet):  # type: ignore[misc]
+    """A pipeline running on the worker's loop: it hands the coroutines it awaits to the task that runs it."""
+
+
+def _await_in_pipeline(coroutine: Coroutine[Any, Any, T]) -> T:
+    # Back to the task running this greenlet, with what to await and the context to await it in; it switches
+    # back here with the result, or throws the coroutine's exception in here.
+    result: T = greenlet.getcurrent().parent.switch((coroutine, contextvars.copy_context()))
+    return result
+
+
+async def _run_pipeline(function: Callable[..., T], args: tuple[Any, ...]) -> T:
+    pipeline = _Pipeline(function)
+    pipeline.gr_context = contextvars.copy_context()
+    request = pipeline.switch(*args)
+    while not pipeline.dead:
+        coroutine, context = request
+        try:
+            # Awaited as a task made in the pipeline's context: the handler sees its context variables.
+            value = await _in_context(coroutine, context)
+        except BaseException as error:  # the coroutine's failure, or this task cancelled: raised in the pipeline
+            request = pipeline.throw(error)
+        else:
+            request = pipeline.switch(value)
+    result: T = request
+    return result
+
+
+class WorkerLoop:
+    """The event loop a worker process owns for its coroutine handlers, in a thread of its own.
+
+    :meth:`spawn` runs a message's pipeline on it, ``concurrency`` at most at a time (the others wait their
+    turn on the loop, already taken from the broker). :meth:`stop` lets the running ones finish for a while,
+    then cancels the rest: a cancelled pipeline ends without an outcome, its message unacked.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.loop = asyncio.new_event_loop()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._in_flight: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()  # the set changes in the loop's thread and the caller's
+        self._thread = threading.Thread(target=self.loop.run_forever, name="amqp-events-loop", daemon=True)
+
+    def start(self) -> None:
+        global _worker_loop
+        self._thread.start()
+        _worker_loop = self
+
+    def spawn(self, function: Callable[..., Any], args: tuple[Any, ...]) -> concurrent.futures.Future[Any]:
+        """Run ``function(*args)`` on the loop, in a greenlet whose coroutine handlers' calls are awaited."""
+        future = asyncio.run_coroutine_threadsafe(self._spawned(function, args), self.loop)
+        with self._lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    async def _spawned(self, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        async with self._slots:
+            return await _run_pipeline(function, args)
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the loop in this call's context; the calling thread waits for it."""
+        future = asyncio.run_coroutine_threadsafe(_in_context(coroutine, contextvars.copy_context()), self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # interrupted from outside: the coroutine must not go on meanwhile
+            raise
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def stop(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the pipelines in flight, cancel the rest, stop the loop; returns
+        how many were cancelled."""
+        global _worker_loop
+        if _worker_loop is self:
+            _worker_loop = None
+        with self._lock:
+            running = list(self._in_flight)
+        _, left = concurrent.futures.wait(running, timeout)
+        for future in left:
+            future.cancel()
+        concurrent.futures.wait(left, timeout=5)  # each ends at its next await
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        return len(left)
+
+
+async def _in_context(coroutine: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
+    """Await ``coroutine`` as a task of its own made in ``context`` (a task runs in a copy of the context it
+    was made in); cancelling this cancels it."""
+    return await context.run(asyncio.ensure_future, coroutine)
