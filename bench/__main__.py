@@ -66,6 +66,10 @@ def main() -> int:
             results.append(coroutines.fire_async_in_a_batch(bench, size))
         if wanted("coroutine_handler"):
             results.append(coroutines.coroutine_handler_drain(bench, size))
+        if wanted("io_bound_drain"):
+            results.append(coroutines.io_bound_drain(bench, size))
+        if wanted("waiting_memory"):
+            results.append(coroutines.waiting_memory(bench, size))
         one_service = None
         if wanted("end_to_end"):
             solo = scenarios.end_to_end(bench, size, "solo", 1)

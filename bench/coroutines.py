@@ -1,17 +1,22 @@
 """Coroutines: firing with ``await event.fire_async(...)`` against FastStream's ``broker.publish`` (both aio-pika,
-both waiting for the confirm), ``app.batch_async()`` against raw aio-pika with every confirm in flight, and a
-no-op coroutine handler drained beside the same no-op plain handler."""
+both waiting for the confirm), ``app.batch_async()`` against raw aio-pika with every confirm in flight, a
+no-op coroutine handler drained beside the same no-op plain handler, handlers waiting on I/O drained by one
+process against FastStream and Celery's gevent pool, and the memory of thousands of them waiting at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from statistics import median
 
 import aio_pika
 from faststream.rabbit import ExchangeType, RabbitBroker, RabbitExchange
 
-from bench.harness import Bench
+from bench.handling import FASTSTREAM, OURS_QUEUE, drained, fill
+from bench.harness import Bench, Run
 from bench.scenarios import Result, Size, drain, ours_app
 
 
@@ -141,3 +146,85 @@ def coroutine_handler_drain(bench: Bench, size: Size) -> Result:
         ratio >= 0.9,
         {"coroutine": median(ours), "plain": median(plain)},
     )
+
+
+#: The wait of each I/O-bound handler (a 10 ms call to another service), and how many run at once.
+IO_WAIT = "0.01"
+IN_FLIGHT = 100
+
+
+def io_bound_drain(bench: Bench, size: Size) -> Result:
+    """Handlers that each wait 10 ms on I/O, a backlog drained by one process: our coroutine handler (-P solo,
+    100 in flight) vs FastStream 0.7 (an async subscriber, prefetch 100) vs plain Celery -P gevent -c 100 (the
+    same handler written as plain code, ``time.sleep`` made cooperative by gevent)."""
+    env = {"IO_WAIT": IO_WAIT, "ASYNC_NOOP": "1", "ASYNC_CONCURRENCY": str(IN_FLIGHT), "PREFETCH": str(IN_FLIGHT)}
+
+    @contextlib.contextmanager
+    def ours(run: Run) -> Iterator[None]:
+        with run.worker("ours", env=env):
+            yield
+
+    @contextlib.contextmanager
+    def faststream_one(run: Run) -> Iterator[None]:
+        argv = [FASTSTREAM, "run", "faststream_app:app", "--workers", "1"]
+        with run.process("faststream", argv, "waiting for messages", env={**env, "QUEUE": OURS_QUEUE}):
+            yield
+
+    @contextlib.contextmanager
+    def gevent(run: Run) -> Iterator[None]:
+        with run.worker("plain", pool="gevent", concurrency=IN_FLIGHT, env=env):
+            yield
+
+    rates: dict[str, list[float]] = {"ours": [], "FastStream": [], "Celery gevent": []}
+    for _ in range(size.repeats):  # interleaved, so that noise hits each alike
+        rates["ours"].append(drained(bench, size, "io-ours", "ours", ours))
+        rates["FastStream"].append(drained(bench, size, "io-faststream", "ours", faststream_one))
+        rates["Celery gevent"].append(drained(bench, size, "io-gevent", "plain", gevent))
+    rate = {name: median(values) for name, values in rates.items()}
+    versus_faststream, versus_gevent = rate["ours"] / rate["FastStream"], rate["ours"] / rate["Celery gevent"]
+    return Result(
+        f"drain of {size.drain:,} events whose handler waits 10 ms on I/O, one process, {IN_FLIGHT} in flight",
+        f"{rate['ours']:,.0f} events/s",
+        f"FastStream (async subscriber): {rate['FastStream']:,.0f}/s ({versus_faststream:.2f}x); "
+        f"plain Celery -P gevent -c {IN_FLIGHT}: {rate['Celery gevent']:,.0f}/s ({versus_gevent:.2f}x)",
+        versus_faststream,
+        ">= 1.0x FastStream, >= 1.5x Celery gevent",
+        versus_faststream >= 1.0 and versus_gevent >= 1.5,
+        rate,
+    )
+
+
+def waiting_memory(bench: Bench, size: Size) -> Result:
+    """The memory of one worker process holding ``size.waiting`` handlers waiting on I/O at once: coroutines on
+    our worker's loop vs greenlets of plain Celery -P gevent."""
+    held = size.waiting
+    ours = {"ASYNC_NOOP": "1", "ASYNC_CONCURRENCY": str(held), "HOLD": "600", "MARK_ALL": "1"}
+    rss: dict[str, tuple[float, float]] = {}
+    for name, library, pool, env in (
+        ("ours", "ours", "solo", ours),
+        ("Celery gevent", "plain", "gevent", {"HOLD": "600", "MARK_ALL": "1"}),
+    ):
+        with bench.run(f"memory-{library}") as run:
+            run.plain_queue_type = "quorum"  # as fill() declares it
+            concurrency = held if pool == "gevent" else 1
+            with run.worker(library, pool=pool, concurrency=concurrency, env=env) as worker:
+                idle = resident_mb(worker.pid)
+                fill(run, library, held, wait=False)
+                run.wait_marks(lambda marks: len(marks) >= held, timeout=300)
+                rss[name] = (idle, resident_mb(worker.pid))
+    per_ours, per_gevent = ((loaded - idle) * 1024 / held for idle, loaded in (rss["ours"], rss["Celery gevent"]))
+    return Result(
+        f"memory of one worker with {held:,} handlers waiting on I/O at once",
+        f"{rss['ours'][1]:,.0f} MB RSS ({per_ours:.1f} KB each)",
+        f"plain Celery -P gevent -c {held:,}: {rss['Celery gevent'][1]:,.0f} MB ({per_gevent:.1f} KB each)",
+        rss["ours"][1] / rss["Celery gevent"][1],
+        "reported",
+        None,
+        {"ours (MB)": rss["ours"][1], "Celery gevent (MB)": rss["Celery gevent"][1]},
+    )
+
+
+def resident_mb(pid: int) -> float:
+    """A process's resident memory (``VmRSS``), in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024

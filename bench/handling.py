@@ -29,8 +29,9 @@ OURS_QUEUE = "bench:bench.noop"
 FASTSTREAM = str(Path(sys.executable).parent / "faststream")
 
 
-def fill(run: Run, library: str, count: int) -> str:
-    """``count`` no-op events waiting in the queue ``library`` consumes; returns the queue."""
+def fill(run: Run, library: str, count: int, wait: bool = True) -> str:
+    """``count`` no-op events waiting in the queue ``library`` consumes (``wait``: until all are there, no
+    consumer taking them); returns the queue."""
     if library == "plain":
         run.plain_queue_type = "quorum"
         plain = plain_app(run)
@@ -48,7 +49,8 @@ def fill(run: Run, library: str, count: int) -> str:
                 app.fire("bench.noop", kwargs={"n": n, "last": n == count - 1})
         app.close()
         queue = OURS_QUEUE
-    run.wait_depth(queue, count)
+    if wait:
+        run.wait_depth(queue, count)
     return queue
 
 

@@ -99,14 +99,21 @@ class BrokerMode(Mode):
     exact_times = False
 
     def __init__(
-        self, worker: Callable[..., Any], producer: EventsApp, records: Records, service_app: Callable[[str], Any]
+        self,
+        worker: Callable[..., Any],
+        producer: EventsApp,
+        records: Records,
+        service_app: Callable[[str], Any],
+        coroutines: bool = False,
     ) -> None:
         self.worker, self.producer, self.records, self.service_app = worker, producer, records, service_app
         self.processes: dict[str, Any] = {}
         self.env: dict[str, str] = {}
+        #: The test services' handlers as coroutines (``COROUTINES=1``), on the worker's event loop.
+        self.coroutines = coroutines
 
     def start(self, *services: str, env: dict[str, str] | None = None) -> None:
-        self.env = dict(env or {})
+        self.env = {**({"COROUTINES": "1"} if self.coroutines else {}), **(env or {})}
         for service in services:
             self.processes[service] = self.worker(service, env=self.env)
 

@@ -4,6 +4,7 @@
 the subscriber returned (FastStream's default acknowledgement policy), as a late ack.
 """
 
+import asyncio
 import os
 
 from faststream import FastStream
@@ -16,6 +17,12 @@ app = FastStream(broker)
 queue = RabbitQueue(os.environ["QUEUE"], durable=True, queue_type=QueueType.QUORUM, declare=False)
 
 
+#: Seconds the subscriber waits as on a network call (bench/coroutines.py).
+IO_WAIT = float(os.environ.get("IO_WAIT") or 0)
+
+
 @broker.subscriber(queue)
 async def noop(body: list) -> None:
+    if IO_WAIT:
+        await asyncio.sleep(IO_WAIT)
     mark(body[1]["n"], body[1]["last"])

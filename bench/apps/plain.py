@@ -1,6 +1,7 @@
 """Plain Celery with the same safety settings as celery-amqp-events: the baseline for handler throughput."""
 
 import os
+import time
 
 from celery import Celery
 from marks import mark
@@ -20,8 +21,19 @@ app.conf.update(
 )
 
 
+#: Seconds the handler waits as on a network call (under -P gevent, time.sleep yields); HOLD: marks, then waits.
+IO_WAIT = float(os.environ.get("IO_WAIT") or 0)
+HOLD = float(os.environ.get("HOLD") or 0)
+
+
 @app.task(name="bench.noop")
 def noop(n, last=False):
+    if HOLD:
+        mark(n, last)
+        time.sleep(HOLD)
+        return
+    if IO_WAIT:
+        time.sleep(IO_WAIT)
     mark(n, last)
 
 

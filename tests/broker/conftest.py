@@ -9,7 +9,7 @@ from contract_modes import BrokerMode, InProcessMode, Mode
 from helpers import Records
 
 
-@pytest.fixture(params=["in_process", "broker"])
+@pytest.fixture(params=["in_process", "broker", "coroutines"])
 def mode(request: pytest.FixtureRequest, records: Records, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mode]:
     if request.param == "in_process":
         monkeypatch.setenv("RECORD_FILE", str(records.path))
@@ -18,4 +18,5 @@ def mode(request: pytest.FixtureRequest, records: Records, monkeypatch: pytest.M
         in_memory.stop()
     else:
         fixtures = [request.getfixturevalue(name) for name in ("worker", "producer")]
-        yield BrokerMode(*fixtures, records, request.getfixturevalue("service_app"))
+        coroutines = request.param == "coroutines"  # the same scenarios with the handlers written async def
+        yield BrokerMode(*fixtures, records, request.getfixturevalue("service_app"), coroutines=coroutines)

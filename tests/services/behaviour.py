@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import os
 import signal
@@ -16,6 +18,19 @@ from amqp_events.clock import utcnow
 
 class Flaky(RuntimeError):
     """A transient failure the test asked for."""
+
+
+def maybe_coroutine(function: Any) -> Any:
+    """With ``COROUTINES=1``, the handler as a coroutine doing the same (the contract with coroutine handlers)."""
+    if os.environ.get("COROUTINES") != "1":
+        return function
+
+    @functools.wraps(function)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(0.001)  # gives the loop back: other coroutines run meanwhile
+        return function(*args, **kwargs)
+
+    return run
 
 
 def record(service: str, **fields: Any) -> None:

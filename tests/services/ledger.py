@@ -1,14 +1,12 @@
 """The ``ledger`` test service: ordered handlers of two events of one aggregate, an account (coroutine handlers
 doing the same with ``COROUTINES=1``)."""
 
-import asyncio
-import functools
 import os
 import time
 
 from amqp_events import PermanentFailure, current_event
 from amqp_events.celery import events_app
-from services.behaviour import Flaky, record
+from services.behaviour import Flaky, maybe_coroutine, record
 
 app = events_app(
     "ledger",
@@ -30,18 +28,6 @@ def in_order(account: str, seq: int, how: dict | None) -> None:
         raise PermanentFailure(f"{account}:{seq} can never succeed")
     if failing:
         raise Flaky(f"{account}:{seq} failed on attempt {current_event().attempt}")
-
-
-def maybe_coroutine(function):
-    if os.environ.get("COROUTINES") != "1":
-        return function
-
-    @functools.wraps(function)
-    async def run(*args, **kwargs):
-        await asyncio.sleep(0.001)  # gives the loop back: other keys' coroutines run meanwhile
-        return function(*args, **kwargs)
-
-    return run
 
 
 @app.handler("accounts.account.opened", ordered_by="account")

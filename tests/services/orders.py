@@ -8,7 +8,7 @@ from amqp_events.celery import events_app
 from amqp_events.core.context import Middleware
 from amqp_events.errors import Refused
 from services import catalog
-from services.behaviour import behave, in_sections, record
+from services.behaviour import behave, in_sections, maybe_coroutine, record
 
 app = events_app(
     "orders",
@@ -41,30 +41,36 @@ UserRegisteredModel = app.event("users.registered_model")(catalog.UserRegistered
 
 
 @app.handler("test.ping", bind=True)
+@maybe_coroutine
 def on_ping(self, tag, how=None):
     behave(self, "orders", tag, how)
 
 
 @app.handler("test.orders_only", bind=True, max_retries=int(os.environ.get("HANDLER_MAX_RETRIES", "1")))
+@maybe_coroutine
 def on_orders_only(self, tag, how=None):
     behave(self, "orders", tag, how)
 
 
 @app.handler("test.sections", max_retries=1)
+@maybe_coroutine
 def on_sections(tag, fail):
     in_sections("orders", tag, fail)
 
 
 @app.handler("billing.invoice.paid")
+@maybe_coroutine
 def on_invoice_paid(invoice_id: int, amount: str):
     record("orders", tag=f"invoice-{invoice_id}", amount=amount)
 
 
 @app.handler(UserRegistered)
+@maybe_coroutine
 def on_user_registered(event: UserRegistered):
     record("orders", tag=f"user-{event.user_id}", email=event.email, type=type(event).__name__)
 
 
 @app.handler(UserRegisteredModel)
+@maybe_coroutine
 def on_user_registered_model(event: UserRegisteredModel):
     record("orders", tag=f"user-{event.user_id}", email=event.email, type=type(event).__name__)

@@ -3,11 +3,12 @@
 import os
 
 from amqp_events.celery import events_app
-from services.behaviour import behave
+from services.behaviour import behave, maybe_coroutine
 
 app = events_app("shipping", broker_url=os.environ["BROKER_URL"], amqp_events_history=os.environ.get("HISTORY") == "1")
 
 
 @app.handler("test.ping", bind=True)
+@maybe_coroutine
 def on_ping(self, tag, how=None):
     behave(self, "shipping", tag, how)

@@ -288,6 +288,15 @@ def redis_as_written(servers: Servers) -> LocalRedis:
     return servers.redis
 
 
+@pytest.fixture
+def api_ports(servers: Servers) -> tuple[int, int]:
+    """localhost:8000 and :8001, where the asyncio page serves its two APIs (free before the test)."""
+    for port in (8000, 8001):
+        if port_taken(port):
+            refused(f"another program holds localhost:{port}, where the asyncio page serves an API")
+    return 8000, 8001
+
+
 def started_at(port: int, what: str, start: Callable[[], T]) -> T:
     """A server the session starts on the port the pages give (skipped where it is not installed)."""
     if port_taken(port):

@@ -3,13 +3,16 @@ runs as its reader runs it, with only what the page installs (see ``conftest.py`
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 
 import pytest
 from docs_pages import named_blocks
 from process_helpers import printed
 
+from amqp_events.local.processes import port_is_free
 from amqp_events.testing import wait_for
 
 pytestmark = [pytest.mark.guides, pytest.mark.xdist_group("guides")]  # the pages' ports: one process
@@ -34,7 +37,7 @@ def test_the_outbox_publishes_what_a_transaction_committed(guide, databases):
         "celery -A orders.celery worker --without-mingle --without-heartbeat --without-gossip",
         "orders:billing.invoice.paid",
     )
-    outbox.run(outbox.line("amqp-events -A shop.celery outbox init"))
+    outbox.run(outbox.line("amqp-events -A storefront.celery outbox init"))
     relay = outbox.start(outbox.line("amqp-events -A shop.celery outbox relay"))
     outbox.python("from shop.checkout import pay", "pay(42, '10.00')")
     wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler of the paid invoice")
@@ -121,3 +124,30 @@ def test_node_services_fire_and_read_cloud_events(guide):
     ]
     assert all(line.startswith("billing.invoice.paid ") and " from billing at " in line for line in lines)
     wait_for(lambda: "invoice 8 paid: 8.00" in orders.log(), 30, what="orders handling billing's CloudEvents too")
+
+
+def test_a_fastapi_service_fires_from_its_transaction_and_a_coroutine_handler_calls_another_service(
+    guide, databases, api_ports
+):
+    asyncio_page = guide("guides/asyncio.md")
+    asyncio_page.write("storefront/celery.py", "storefront/api.py", "fulfilment/celery.py", "stock/api.py")
+    asyncio_page.run(asyncio_page.line("amqp-events -A storefront.celery outbox init"))
+    serve_stock = asyncio_page.line("uvicorn stock.api:api")
+    stock = asyncio_page.start(serve_stock)
+    asyncio_page.start(asyncio_page.line("uvicorn storefront.api:api"))
+    worker = asyncio_page.worker(
+        asyncio_page.line("celery -A fulfilment.celery worker"), "fulfilment:shop.order.placed"
+    )
+    wait_for(lambda: not any(map(port_is_free, api_ports)), 60, what="both APIs serving")
+    place, refuse = [line.strip() for line in asyncio_page.text.splitlines() if line.strip().startswith("python -c")]
+    assert "<Response [201 Created]>" in asyncio_page.run(place).stdout
+    wait_for(lambda: "order 1: 2 x tea reserved" in worker.log(), 30, what="the stock reserved by the handler")
+    assert "<Response [422 Unprocessable Entity]>" in asyncio_page.run(refuse).stdout
+
+    os.killpg(stock.pid, signal.SIGTERM)  # the stock service down: the handler's call fails, retried on the broker
+    stock.communicate(timeout=30)
+    assert "<Response [201 Created]>" in asyncio_page.run(place).stdout
+    wait_for(lambda: "retrying event=shop.order.placed" in worker.log(), 30, what="the failed call retried")
+    asyncio_page.start(serve_stock)
+    wait_for(lambda: worker.log().count("2 x tea reserved") == 2, 60, what="the order reserved once it is back")
+    assert "500 x tea" not in worker.log()  # the refused order was never fired
