@@ -21,6 +21,7 @@ soft time limit) cancels the coroutine, which then fails as a handler that raise
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -130,21 +131,20 @@ class _Pipeline(greenlet.greenlet):  # type: ignore[misc]
 
 
 def _await_in_pipeline(coroutine: Coroutine[Any, Any, T]) -> T:
-    # Back to the task running this greenlet, with what to await and the context to await it in; it switches
-    # back here with the result, or throws the coroutine's exception in here.
-    result: T = greenlet.getcurrent().parent.switch((coroutine, contextvars.copy_context()))
+    # Back to the task running this greenlet, with what to await; it switches back here with the result, or
+    # throws the coroutine's exception in here.
+    result: T = greenlet.getcurrent().parent.switch(coroutine)
     return result
 
 
 async def _run_pipeline(function: Callable[..., T], args: tuple[Any, ...]) -> T:
     pipeline = _Pipeline(function)
-    pipeline.gr_context = contextvars.copy_context()
+    # The task's own context: what the pipeline sets (the attempt, current_event()) its coroutines see.
+    pipeline.gr_context = greenlet.getcurrent().gr_context
     request = pipeline.switch(*args)
     while not pipeline.dead:
-        coroutine, context = request
         try:
-            # Awaited as a task made in the pipeline's context: the handler sees its context variables.
-            value = await _in_context(coroutine, context)
+            value = await request
         except BaseException as error:  # the coroutine's failure, or this task cancelled: raised in the pipeline
             request = pipeline.throw(error)
         else:
@@ -165,8 +165,10 @@ class WorkerLoop:
         self.concurrency = concurrency
         self.loop = asyncio.new_event_loop()
         self._slots = asyncio.Semaphore(concurrency)
-        self._in_flight: set[concurrent.futures.Future[Any]] = set()
-        self._lock = threading.Lock()  # the set changes in the loop's thread and the caller's
+        self._tasks: set[asyncio.Task[Any]] = set()  # the loop's thread alone touches it
+        # Handed over from the caller's thread in bursts: one wake-up of the loop for all that came meanwhile.
+        self._arrived: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._wake_pending = False
         self._thread = threading.Thread(target=self.loop.run_forever, name="amqp-events-loop", daemon=True)
 
     def start(self) -> None:
@@ -174,17 +176,25 @@ class WorkerLoop:
         self._thread.start()
         _worker_loop = self
 
-    def spawn(self, function: Callable[..., Any], args: tuple[Any, ...]) -> concurrent.futures.Future[Any]:
+    def spawn(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run ``function(*args)`` on the loop, in a greenlet whose coroutine handlers' calls are awaited."""
-        future = asyncio.run_coroutine_threadsafe(self._spawned(function, args), self.loop)
-        with self._lock:
-            self._in_flight.add(future)
-        future.add_done_callback(self._done)
-        return future
+        self._arrived.append((function, args))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self.loop.call_soon_threadsafe(self._start_arrived)
 
-    def _done(self, future: concurrent.futures.Future[Any]) -> None:
-        with self._lock:
-            self._in_flight.discard(future)
+    def _start_arrived(self) -> None:
+        self._wake_pending = False  # first: what arrives from now on wakes the loop again
+        while self._arrived:
+            function, args = self._arrived.popleft()
+            task = self.loop.create_task(self._spawned(function, args))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: the pipeline logged and settled what went wrong
 
     async def _spawned(self, function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         async with self._slots:
@@ -199,24 +209,29 @@ class WorkerLoop:
             future.cancel()  # interrupted from outside: the coroutine must not go on meanwhile
             raise
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
     def stop(self, timeout: float) -> int:
         """Wait up to ``timeout`` seconds for the pipelines in flight, cancel the rest, stop the loop; returns
-        how many were cancelled."""
+        how many were cancelled (those not started yet included)."""
         global _worker_loop
         if _worker_loop is self:
             _worker_loop = None
-        with self._lock:
-            running = list(self._in_flight)
-        _, left = concurrent.futures.wait(running, timeout)
-        for future in left:
-            future.cancel()
-        concurrent.futures.wait(left, timeout=5)  # each ends at its next await
+        given_back = len(self._arrived)
+        self._arrived.clear()
+        given_back += asyncio.run_coroutine_threadsafe(self._finish(timeout), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+        return given_back
+
+    async def _finish(self, timeout: float) -> int:
+        if not self._tasks:
+            return 0
+        left = set(self._tasks)
+        if timeout > 0:
+            _, left = await asyncio.wait(left, timeout=timeout)
+        for task in left:
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=5)  # each ends at its next await
         return len(left)
 
 

@@ -207,7 +207,8 @@ def waiting_memory(bench: Bench, size: Size) -> Result:
         with bench.run(f"memory-{library}") as run:
             run.plain_queue_type = "quorum"  # as fill() declares it
             concurrency = held if pool == "gevent" else 1
-            with run.worker(library, pool=pool, concurrency=concurrency, env=env) as worker:
+            # AMQP's prefetch count is 16 bits: gevent's -c 5000 times 16 would not fit.
+            with run.worker(library, pool=pool, concurrency=concurrency, env=env, prefetch_multiplier="1") as worker:
                 idle = resident_mb(worker.pid)
                 fill(run, library, held, wait=False)
                 run.wait_marks(lambda marks: len(marks) >= held, timeout=300)

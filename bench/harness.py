@@ -105,10 +105,11 @@ class Run:
         python: str = sys.executable,
         service: str = "bench",
         env: dict[str, str] | None = None,
+        prefetch_multiplier: str = PREFETCH_MULTIPLIER,
     ) -> Iterator[WorkerProcess]:
         name = f"{app}-{service}-{pool}-{uuid.uuid4().hex[:6]}"
         argv = worker_argv(
-            app, "--prefetch-multiplier", PREFETCH_MULTIPLIER, pool=pool, concurrency=concurrency, name=name
+            app, "--prefetch-multiplier", prefetch_multiplier, pool=pool, concurrency=concurrency, name=name
         )
         argv[0] = python
         log = self.workdir / f"{name}.log"

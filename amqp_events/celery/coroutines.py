@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
+import sys
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +24,10 @@ from typing import Any
 from amqp_events.coroutines import WorkerLoop, is_coroutine_handler
 
 logger = logging.getLogger(__name__)
+#: AMQP's prefetch count is a 16-bit number.
+MAX_PREFETCH = 65_535
+#: Seconds a thread may hold the GIL while another waits for it, in a worker running coroutine handlers.
+SWITCH_INTERVAL = 0.001
 
 
 class CoroutineRunner:
@@ -34,6 +38,11 @@ class CoroutineRunner:
         self.shutdown_timeout = shutdown_timeout
         self.worker_loop = WorkerLoop(concurrency)
         self._settled: deque[Callable[[], Any]] = deque()  # acks and rejects for the consumer's thread
+        self._send_pending = False  # one wake-up of the consumer for all the acks that came meanwhile
+        # The consumer's thread needs the GIL back after each socket read while the loop's thread runs pipelines;
+        # CPython's 5 ms switch interval makes it wait that long (measured in bench/: 0.68x the plain handler's
+        # drain with 5 ms, 0.80x with 1 ms; 0.1 ms costs more than it saves).
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         self.worker_loop.start()
 
     def submit(self, run: Callable[..., None], args: tuple[Any, Any, Any]) -> None:
@@ -44,12 +53,15 @@ class CoroutineRunner:
     def _from_consumer(self, callback: Callable[..., Any]) -> Callable[..., None]:
         def queued(*args: Any) -> None:
             self._settled.append(functools.partial(callback, *args))
-            self.consumer.call_soon(self.send_settled)
+            if not self._send_pending:
+                self._send_pending = True
+                self.consumer.call_soon(self.send_settled)
 
         return queued
 
     def send_settled(self) -> None:
         """Send the acks and rejects of the messages that finished (in the consumer's thread)."""
+        self._send_pending = False  # first: what is queued from now on wakes the consumer again
         while self._settled:
             self._settled.popleft()()
 
@@ -75,6 +87,7 @@ def runs_coroutines(app: Any, pool: Any) -> bool:
 def raise_prefetch(consumer: Any, concurrency: int) -> None:
     """Let the broker hand the worker at least ``concurrency`` messages at once (per consumer on quorum queues)."""
     processes = max(1, consumer.pool.num_processes or 1)
-    if consumer.initial_prefetch_count and consumer.initial_prefetch_count < concurrency:
-        consumer.prefetch_multiplier = math.ceil(concurrency / processes)
+    wanted = min(concurrency, MAX_PREFETCH)
+    if consumer.initial_prefetch_count and consumer.initial_prefetch_count < wanted:
+        consumer.prefetch_multiplier = min(-(-wanted // processes), MAX_PREFETCH // processes)
         consumer.initial_prefetch_count = consumer.prefetch_multiplier * processes

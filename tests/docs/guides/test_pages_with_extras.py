@@ -37,7 +37,7 @@ def test_the_outbox_publishes_what_a_transaction_committed(guide, databases):
         "celery -A orders.celery worker --without-mingle --without-heartbeat --without-gossip",
         "orders:billing.invoice.paid",
     )
-    outbox.run(outbox.line("amqp-events -A storefront.celery outbox init"))
+    outbox.run(outbox.line("amqp-events -A shop.celery outbox init"))
     relay = outbox.start(outbox.line("amqp-events -A shop.celery outbox relay"))
     outbox.python("from shop.checkout import pay", "pay(42, '10.00')")
     wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler of the paid invoice")
