@@ -53,9 +53,11 @@ class Mode:
 class InProcessMode(Mode):
     exact_times = True
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, coroutines: bool = False) -> None:
         self.monkeypatch = monkeypatch
         monkeypatch.setenv("BROKER_URL", "amqp://in-process.invalid//")  # never connected to
+        if coroutines:  # the test services' handlers as coroutines, run on the in-process mode's clock
+            monkeypatch.setenv("COROUTINES", "1")
         self.events: InProcess | None = None
         self.services: list[str] = []
         self.modules: dict[str, Any] = {}

@@ -9,14 +9,15 @@ from contract_modes import BrokerMode, InProcessMode, Mode
 from helpers import Records
 
 
-@pytest.fixture(params=["in_process", "broker", "coroutines"])
+@pytest.fixture(params=["in_process", "broker", "in_process_async", "broker_async"])
 def mode(request: pytest.FixtureRequest, records: Records, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mode]:
-    if request.param == "in_process":
+    """Each scenario in both modes, with the test services' handlers written plain and ``async def``."""
+    coroutines = request.param.endswith("_async")
+    if request.param.startswith("in_process"):
         monkeypatch.setenv("RECORD_FILE", str(records.path))
-        in_memory = InProcessMode(monkeypatch)
+        in_memory = InProcessMode(monkeypatch, coroutines=coroutines)
         yield in_memory
         in_memory.stop()
     else:
         fixtures = [request.getfixturevalue(name) for name in ("worker", "producer")]
-        coroutines = request.param == "coroutines"  # the same scenarios with the handlers written async def
         yield BrokerMode(*fixtures, records, request.getfixturevalue("service_app"), coroutines=coroutines)

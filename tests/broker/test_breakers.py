@@ -31,8 +31,10 @@ def flags(tmp_path: Path) -> Path:
     return tmp_path / "flags"
 
 
-def start(worker: Any, flags: Path, *, breaker: bool = True, **options: Any) -> Any:
+def start(worker: Any, flags: Path, *, breaker: bool = True, coroutines: bool = False, **options: Any) -> Any:
     env = {"FLAGS_DIR": str(flags), "MAX_RETRIES": "5", "BREAKER": "on" if breaker else "off"}
+    if coroutines:  # the handlers written async def
+        env["COROUTINES"] = "1"
     return worker("guarded", env=env, **options)
 
 
@@ -87,10 +89,11 @@ def test_an_open_breaker_keeps_the_messages_on_the_broker_through_an_outage(
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("coroutines", [False, True], ids=["plain", "async"])
 def test_an_unhealthy_check_pauses_the_handlers_requiring_it_and_a_healthy_one_resumes_them(
-    worker, producer, records, flags, capsys
+    coroutines, worker, producer, records, flags, capsys
 ):
-    start(worker, flags)
+    start(worker, flags, coroutines=coroutines)
     wait_for(lambda: queue_state(producer, BOOK)[1] == 1, 30, what="the worker consuming the book queue")
     (flags / "ledger-down").touch()
     down_at = time.monotonic()
@@ -143,3 +146,17 @@ def test_with_prefork_the_children_follow_the_breaker_of_their_main_process(work
     assert len({run["pid"] for run in failed}) <= 2
     (flags / "payments-down").unlink()
     wait_for(lambda: len(records.all(failed=False)) == 100, 60, what="every charge handled after the recovery")
+
+
+@pytest.mark.timeout(120)
+def test_a_coroutine_handler_s_failures_open_its_breaker_and_its_events_wait_on_the_broker(
+    worker, producer, records, flags
+):
+    start(worker, flags, coroutines=True)
+    (flags / "payments-down").touch()
+    fire(producer, "guarded.charge", range(30))
+    wait_for(lambda: queue_state(producer, CHARGE)[1] == 0, 30, what="the breaker open: the charge queue paused")
+    (flags / "payments-down").unlink()
+    wait_for(lambda: len(records.all(failed=False)) >= 30, 90, what="every charge handled once the breaker closed")
+    succeeded = Counter(run["tag"] for run in records.all(failed=False))
+    assert len(succeeded) == 30 and set(succeeded.values()) == {1}

@@ -88,15 +88,18 @@ def seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def test_one_event_through_retries_the_archive_and_a_replay_makes_one_linked_span_set(traced, spans, broker_url):
-    traced("ledger")
-    mailer = traced("mailer")
+@pytest.mark.parametrize("coroutines", ["0", "1"], ids=["plain", "async"])
+def test_one_event_through_retries_the_archive_and_a_replay_makes_one_linked_span_set(
+    coroutines, traced, spans, broker_url
+):
+    traced("ledger", COROUTINES=coroutines)
+    mailer = traced("mailer", COROUTINES=coroutines)
     event_id = fire(7, spans, broker_url)
     ledger_runs = spans.wait(3, "process test.traced", **{"amqp_events.service": "ledger"})
     [archived] = spans.wait(1, "process test.traced", **{"amqp_events.service": "mailer"})
 
     mailer.stop()
-    traced("mailer", FIXED="1")  # the fix is deployed: replay what was archived
+    traced("mailer", FIXED="1", COROUTINES=coroutines)  # the fix is deployed: replay what was archived
     cli = str(Path(sys.executable).parent / "amqp-events")
     replay = [cli, "-A", "services.traced", "archive", "replay", "--yes", "--by", "oncall@example.com"]
     out = run(*replay, spans=spans, broker_url=broker_url, SERVICE="mailer")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import wait_archived
 
 from amqp_events import Reason
 
 
-def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(worker, producer, records, archive_of):
-    process = worker("orders", pool="prefork", concurrency=1)
+@pytest.mark.parametrize("coroutines", ["0", "1"], ids=["plain", "async"])
+def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(
+    coroutines, worker, producer, records, archive_of
+):
+    process = worker("orders", pool="prefork", concurrency=1, env={"COROUTINES": coroutines})
     event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
     [archived] = wait_archived(archive_of("orders"), 1, timeout=60)
     assert archived.id == event_id and archived.reason == Reason.WORKER_LOST
@@ -19,9 +23,12 @@ def test_a_handler_that_sigkills_its_prefork_child_is_archived_as_worker_lost(wo
     records.wait(1, tag="next")
 
 
-def test_a_solo_worker_killed_by_its_handler_and_restarted_ends_the_loop_too(worker, producer, records, archive_of):
+@pytest.mark.parametrize("coroutines", ["0", "1"], ids=["plain", "async"])
+def test_a_solo_worker_killed_by_its_handler_and_restarted_ends_the_loop_too(
+    coroutines, worker, producer, records, archive_of
+):
     """No main process survives a solo worker: the broker's count of returns ends the loop."""
-    env = {"MAX_REDELIVERIES": "3"}
+    env = {"MAX_REDELIVERIES": "3", "COROUTINES": coroutines}
     worker("orders", env=env).stop()  # declares the queues
     event_id = producer.fire("test.ping", ["boom"], {"how": {"kill": True}})
     for crash in range(3):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from amqp_events import Health
 from amqp_events.celery import events_app
-from services.behaviour import record
+from services.behaviour import maybe_coroutine, record
 
 FLAGS = Path(os.environ.get("FLAGS_DIR", "."))
 
@@ -30,6 +30,7 @@ def ledger() -> Health:
 
 
 @app.handler("guarded.charge")
+@maybe_coroutine
 def charge(n: int) -> None:
     down = (FLAGS / "payments-down").exists()
     record("guarded", tag=f"charge-{n}", failed=down)
@@ -38,10 +39,12 @@ def charge(n: int) -> None:
 
 
 @app.handler("guarded.note", breaker=False)
+@maybe_coroutine
 def note(n: int) -> None:
     record("guarded", tag=f"note-{n}")
 
 
 @app.handler("guarded.book", requires=["ledger"], breaker=False)
+@maybe_coroutine
 def book(n: int) -> None:
     record("guarded", tag=f"book-{n}")

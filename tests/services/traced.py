@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 
 from amqp_events import PermanentFailure, current_event
 from amqp_events.celery import events_app
+from services.behaviour import maybe_coroutine
 
 if os.environ.get("SPANS"):
     provider = TracerProvider()
@@ -39,6 +40,7 @@ app = events_app(
 
 
 @app.handler("test.traced")
+@maybe_coroutine
 def on_traced(invoice_id: int) -> None:
     if app.service == "ledger" and current_event().attempt <= 2:
         raise ConnectionError(f"ledger unavailable for invoice {invoice_id}")
