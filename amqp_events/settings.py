@@ -146,6 +146,10 @@ class Settings:
     history_max_bytes: int = 10 * 1024**3
     #: Bytes of one segment file: retention drops whole segments, so old events go in steps of this size.
     history_segment_bytes: int = 100 * 1024**2
+    #: Messages one worker process holds unacked at most, all its queues together: each consumer gets its share
+    #: (at least one per pool process), so that a service with many handlers does not have each worker hold
+    #: ``worker_prefetch_multiplier`` messages per queue.
+    worker_prefetch_limit: int = 256
     #: Coroutine handlers (``async def``) in flight at once in a worker process with the solo or threads pool
     #: (each waiting on I/O costs a few KB); the worker's prefetch is raised to at least this to keep them busy.
     async_concurrency: int = 100
@@ -184,6 +188,8 @@ class Settings:
             problems.append("outbox_lease and outbox_poll_interval must be > 0")
         if self.inbox_retention <= 0 or self.inbox_prune_interval <= 0:
             problems.append("inbox_retention and inbox_prune_interval must be > 0")
+        if self.worker_prefetch_limit < 1:
+            problems.append("worker_prefetch_limit must be >= 1")
         if self.async_concurrency < 1 or self.async_shutdown_timeout < 0:
             problems.append("async_concurrency must be >= 1 and async_shutdown_timeout >= 0")
         if self.log_format not in ("text", "json"):

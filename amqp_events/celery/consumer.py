@@ -28,8 +28,9 @@ from kombu import Connection
 from kombu.message import Message
 from vine import promise
 
-from amqp_events.celery.coroutines import CoroutineRunner, raise_prefetch, runs_coroutines
+from amqp_events.celery.coroutines import CoroutineRunner, runs_coroutines
 from amqp_events.celery.loop import LoopWaker, acks_now
+from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
@@ -75,9 +76,11 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             )
         install_limits()
         warn_of_time_limits(self.app, self.pool)
-        if runs_coroutines(self.app, self.pool):
-            settings = self.app.context.settings
-            raise_prefetch(self, settings.async_concurrency)
+        settings = self.app.context.settings
+        on_its_loop = runs_coroutines(self.app, self.pool)
+        in_flight = settings.async_concurrency if on_its_loop else 0
+        size_prefetch(self, settings.worker_prefetch_limit, len(self.app.amqp.queues.consume_from), in_flight)
+        if on_its_loop:
             self.coroutine_runner = CoroutineRunner(self, settings.async_concurrency, settings.async_shutdown_timeout)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.waker = LoopWaker(self.hub) if self.hub is not None else None

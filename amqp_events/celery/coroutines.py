@@ -5,7 +5,7 @@ The consumer's strategy (:mod:`amqp_events.celery.strategy`) hands each message 
 :meth:`CoroutineRunner.submit`; its pipeline runs on the worker's loop (:class:`~amqp_events.coroutines.
 WorkerLoop`), ``amqp_events_async_concurrency`` at a time. Acks and rejects must be sent from the consumer's
 thread (a channel is not thread-safe): they queue here and the consumer's event loop, woken, sends them. The
-prefetch is raised so that the broker keeps that many messages in hand.
+prefetch is raised so that the broker keeps that many messages in hand (:mod:`amqp_events.celery.prefetch`).
 
 A warm shutdown waits up to ``amqp_events_async_shutdown_timeout`` seconds for the running ones, sends their
 acks, and cancels the rest: they go back to the broker unacked when the connection closes. Under prefork each
@@ -24,8 +24,6 @@ from typing import Any
 from amqp_events.coroutines import WorkerLoop, is_coroutine_handler
 
 logger = logging.getLogger(__name__)
-#: AMQP's prefetch count is a 16-bit number.
-MAX_PREFETCH = 65_535
 #: Seconds a thread may hold the GIL while another waits for it, in a worker running coroutine handlers.
 SWITCH_INTERVAL = 0.001
 
@@ -82,12 +80,3 @@ def runs_coroutines(app: Any, pool: Any) -> bool:
     if type(pool).__module__ not in ("celery.concurrency.solo", "celery.concurrency.thread"):
         return False
     return any(is_coroutine_handler(handler.function) for handler in app.handlers.values())
-
-
-def raise_prefetch(consumer: Any, concurrency: int) -> None:
-    """Let the broker hand the worker at least ``concurrency`` messages at once (per consumer on quorum queues)."""
-    processes = max(1, consumer.pool.num_processes or 1)
-    wanted = min(concurrency, MAX_PREFETCH)
-    if consumer.initial_prefetch_count and consumer.initial_prefetch_count < wanted:
-        consumer.prefetch_multiplier = min(-(-wanted // processes), MAX_PREFETCH // processes)
-        consumer.initial_prefetch_count = consumer.prefetch_multiplier * processes
