@@ -21,6 +21,8 @@ VARIABLES: dict[str, str] = {
     "AMQP_EVENTS_METRICS_PORT": "the setting amqp_events_metrics_port",
     "AMQP_EVENTS_SHARED_TOPOLOGY": "the setting amqp_events_shared_topology (set by an administrator where the "
     "shared topology is declared for the services)",
+    "AMQP_EVENTS_QUORUM_QUEUE_WARNING": "the setting amqp_events_quorum_queue_warning (where `topology check` and "
+    "the exporter warn)",
     "AMQP_EVENTS_MANAGEMENT_URL": "where the command line finds RabbitMQ's management API (its --management-url)",
     "AMQP_EVENTS_MANAGEMENT_USER": "the management API's user (default guest)",
     "AMQP_EVENTS_MANAGEMENT_PASSWORD": "the management API's password (default guest)",

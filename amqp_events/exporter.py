@@ -35,6 +35,7 @@ from kombu import Connection, Queue
 
 from amqp_events.errors import ManagementError
 from amqp_events.history.watch import HistoryWatch, watch
+from amqp_events.topology import sizing
 from amqp_events.topology.layout import heartbeats_listener
 from amqp_events.topology.names import HISTORY_STREAM, queue_kind
 from amqp_events.transport.management import ManagementAPI
@@ -104,6 +105,9 @@ class Exporter:
         self.workers = WorkerStates(worker_timeout, forget_after, services={app.service})
         self.queues: list[QueueStats] = []
         self.history: HistoryWatch | None = None
+        #: Quorum queues on the vhost (management API), and where the exporter warns (the service's setting).
+        self.quorum_queues: int | None = None
+        self.quorum_queue_warning = app.events_settings.quorum_queue_warning
         self.errors = 0
         self.last_collection = 0.0
         self.last_duration = 0.0
@@ -128,13 +132,20 @@ class Exporter:
             queues = self._from_declares() if listing is None else self._from_management(listing)
             stream = None if listing is None else listing.get(HISTORY_STREAM)
             history = watch(self.app.history(), stream, datetime.now(timezone.utc))
+            held = None if listing is None else sizing.quorum_queues(listing.values())
         except Exception as exc:
             with self._lock:
                 self.errors += 1
             logger.warning("collection failed: %s", exc)
             return
+        warn_at = self.quorum_queue_warning
+        if held is not None and warn_at and held > warn_at >= (self.quorum_queues or 0):  # once, as it passes
+            logger.warning(
+                "vhost %s holds %s quorum queues, more than amqp_events_quorum_queue_warning (%s): %s",
+                self.vhost, f"{held:,}", f"{warn_at:,}", sizing.cost(held),
+            )  # fmt: skip
         with self._lock:
-            self.queues, self.history = queues, history
+            self.queues, self.history, self.quorum_queues = queues, history, held
             self.last_duration = time.monotonic() - started
             self.last_collection = time.time()
 
@@ -230,7 +241,7 @@ class Exporter:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         with self._lock:
-            queues, history = list(self.queues), self.history
+            queues, history, quorum_queues = list(self.queues), self.history, self.quorum_queues
             up, online = self.workers.snapshot(time.time())
             errors, last, duration, heartbeat = (
                 self.errors,
@@ -255,6 +266,15 @@ class Exporter:
                 limit.add_metric(values, stats.max_length)
         yield from (ready, unacked, consumers, limit)
         yield from _history_metrics(self.app.service, history)
+        if quorum_queues is not None:
+            yield GaugeMetricFamily(
+                "amqp_events_vhost_quorum_queues", "Quorum queues on the vhost (management API).", value=quorum_queues
+            )
+        yield GaugeMetricFamily(
+            "amqp_events_quorum_queue_warning",
+            "Quorum queues on the vhost beyond which to review the topology (the setting; 0: none).",
+            value=self.quorum_queue_warning,
+        )
         worker_up = GaugeMetricFamily(
             "amqp_events_worker_up", "1 while the worker's heartbeats arrive.", labels=["service", "worker"]
         )

@@ -45,6 +45,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": ("amqp_events_archive_max_length", "int"),
     "AMQP_EVENTS_METRICS_PORT": ("amqp_events_metrics_port", "int"),
     "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
+    "AMQP_EVENTS_QUORUM_QUEUE_WARNING": ("amqp_events_quorum_queue_warning", "int"),
 }
 
 SETTING_PREFIX = "amqp_events_"
@@ -146,6 +147,9 @@ class Settings:
     history_max_bytes: int = 10 * 1024**3
     #: Bytes of one segment file: retention drops whole segments, so old events go in steps of this size.
     history_segment_bytes: int = 100 * 1024**2
+    #: ``topology check`` and the exporter warn when the vhost holds more quorum queues than this (each costs every
+    #: node memory, idle CPU and restart time: the reference on topology, sizing); 0: never.
+    quorum_queue_warning: int = 4000
     #: Messages one worker process holds unacked at most, all its queues together: each consumer gets its share
     #: (at least one per pool process), so that a service with many handlers does not have each worker hold
     #: ``worker_prefetch_multiplier`` messages per queue.
@@ -188,6 +192,8 @@ class Settings:
             problems.append("outbox_lease and outbox_poll_interval must be > 0")
         if self.inbox_retention <= 0 or self.inbox_prune_interval <= 0:
             problems.append("inbox_retention and inbox_prune_interval must be > 0")
+        if self.quorum_queue_warning < 0:
+            problems.append("quorum_queue_warning must be >= 0 (0: never)")
         if self.worker_prefetch_limit < 1:
             problems.append("worker_prefetch_limit must be >= 1")
         if self.async_concurrency < 1 or self.async_shutdown_timeout < 0:

@@ -117,7 +117,8 @@ def topology_retire(context: Context, discard: bool, yes: bool) -> None:
 def topology_check(context: Context) -> None:
     """Compare with the live broker (management API), replicas included; exit status 1 when anything is wrong."""
     live = live_topology(context.management, context.vhost)
-    found = differences(context.app.topology, live, context.vhost)
+    warn_at = context.app.events_settings.quorum_queue_warning
+    found = differences(context.app.topology, live, context.vhost, warn_at)
     for difference in found:
         click.echo(str(difference))
     if any(difference.wrong for difference in found):

@@ -7,7 +7,7 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from amqp_events.topology import delays
+from amqp_events.topology import delays, sizing
 from amqp_events.topology.layout import (
     DELIVERY_LIMIT,
     KEPT_AS_THEY_ARE,
@@ -72,9 +72,23 @@ def expected_bindings(topology: Topology) -> set[BindingKey]:
     return found
 
 
-def differences(topology: Topology, live: LiveTopology, vhost: str = "/") -> list[Difference]:
-    """Every difference between ``topology`` and ``live`` (empty when they agree)."""
+def differences(
+    topology: Topology, live: LiveTopology, vhost: str = "/", quorum_queue_warning: int = 0
+) -> list[Difference]:
+    """Every difference between ``topology`` and ``live`` (empty when they agree), and a note when the vhost holds
+    more than ``quorum_queue_warning`` quorum queues (0: never)."""
     found: list[Difference] = []
+    held = sizing.quorum_queues(live.queues.values())
+    if quorum_queue_warning and held > quorum_queue_warning:
+        found.append(
+            Difference(
+                "note",
+                "vhost",
+                vhost,
+                f"{held:,} quorum queues, more than amqp_events_quorum_queue_warning ({quorum_queue_warning:,}): "
+                f"{sizing.cost(held)} (the reference on topology, sizing)",
+            )
+        )
     for exchange in topology.exchanges:
         current = live.exchanges.get(exchange.name)
         if current is None:

@@ -130,7 +130,7 @@ def test_a_replay_killed_between_publish_and_ack_loses_nothing(worker, producer,
         assert queue.message_count == 1
 
 
-def test_topology_show_declare_and_check(cli, broker_url):
+def test_topology_show_declare_and_check(cli, broker_url, monkeypatch):
     shown = json.loads(cli("topology", "show", "--json").output)
     assert "orders:test.ping" in {queue["name"] for queue in shown["queues"]}
     assert "amqp_events.delay.21" in {exchange["name"] for exchange in shown["exchanges"]}
@@ -140,6 +140,10 @@ def test_topology_show_declare_and_check(cli, broker_url):
     assert cli("topology", "declare").exit_code == 0
     after = cli("topology", "check")
     assert after.exit_code == 0, after.output
+    monkeypatch.setenv("AMQP_EVENTS_QUORUM_QUEUE_WARNING", "10")
+    crowded = cli("topology", "check")  # a note, not an error
+    assert crowded.exit_code == 0 and "note vhost" in crowded.output, crowded.output
+    assert "quorum queues, more than amqp_events_quorum_queue_warning (10): about" in crowded.output
 
 
 def test_topology_check_finds_a_queue_declared_by_hand_with_other_arguments(cli, broker_url):

@@ -139,6 +139,7 @@ def test_the_exporter_command_serves_queue_and_worker_metrics(worker, broker_url
     worker("orders")
     port = free_port()
     environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
+    environment["AMQP_EVENTS_QUORUM_QUEUE_WARNING"] = "5"  # the orders service's queues pass it
     command = [AMQP_EVENTS, "-A", "services.orders", "--management-url", rabbitmq.management.base_url,
                "exporter", "--port", str(port), "--interval", "1"]  # fmt: skip
     with (tmp_path / "exporter.log").open("wb") as log:
@@ -156,5 +157,9 @@ def test_the_exporter_command_serves_queue_and_worker_metrics(worker, broker_url
         metrics = wait_for(collected, 30, what="the exporter's first collection with the worker online")
         assert value(metrics, "amqp_events_queue_consumers", queue="orders:test.ping") >= 0
         assert any(key.startswith("amqp_events_queue_messages_ready{") for key in metrics)
+        assert (
+            value(metrics, "amqp_events_vhost_quorum_queues") > value(metrics, "amqp_events_quorum_queue_warning") == 5
+        )
     finally:
         terminate(exporter.pid, 10)
+    assert "quorum queues, more than amqp_events_quorum_queue_warning (5)" in (tmp_path / "exporter.log").read_text()
