@@ -162,7 +162,6 @@ class WorkerLoop:
     """
 
     def __init__(self, concurrency: int) -> None:
-        self.concurrency = concurrency
         self.loop = asyncio.new_event_loop()
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()  # the loop's thread alone touches it
