@@ -185,8 +185,11 @@ class Parking:
             )
             for number, (message, remove) in enumerate(waiting, 1):
                 marks = {RELEASED_BEHIND: sequence.head, **({RELEASED_LAST: True} if number == len(waiting) else {})}
+                # Browsing counted each parked copy's deliveries up (x-delivery-count): not the event's own.
                 headers = {
-                    name: value for name, value in message.headers.items() if name not in (PARKED_SEQ, HELD_LIVE)
+                    name: value
+                    for name, value in message.headers.items()
+                    if not _obsolete(name) and name not in (PARKED_SEQ, HELD_LIVE)
                 }
                 publish_routed(self.context, outgoing(partition, replace(message, headers=headers), marks))
                 remove()

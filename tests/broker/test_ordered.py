@@ -121,6 +121,26 @@ def test_the_archive_shows_which_keys_are_parked_and_how_many_events_wait(
     ]
 
 
+def test_parked_events_read_many_times_run_once_released_not_counted_as_lost(worker, producer, records):
+    """A parked queue is read by browsing (each partition's take, each release): the broker counts every message
+    handed out and back as a delivery. A released event must not carry those counts to its handler."""
+    ledger = worker("ledger", env={"PARTITIONS": "4"})
+    producer.fire("accounts.money.moved", kwargs={"account": "a-1", "seq": 0, "how": {"permanent": True}}, key="a-1")
+    for seq in (1, 2):
+        producer.fire("accounts.money.moved", kwargs={"account": "a-1", "seq": seq}, key="a-1")
+    parked = f"ledger.ordered.0{int(slot_of('a-1')) % 4}.parked"
+    wait_for(lambda: producer.transport.count(parked) == 3, 30, what="a marker and two events parked")
+    for _ in range(12):  # more readings than amqp_events_max_redeliveries (10)
+        with producer.transport.browse(parked) as messages:
+            assert len(list(messages)) == 3
+    ledger.stop()
+    worker("ledger", env={"PARTITIONS": "4", "FIXED": "1"})
+    producer.archive("ledger").replay()
+    wait_for(lambda: sorted(run["seq"] for run in records.all(account="a-1", ok=True)) == [0, 1, 2], 60,
+             what="the head replayed and the two parked events released, each handled")  # fmt: skip
+    assert producer.archive("ledger").count() == 0  # none archived as worker_lost
+
+
 def test_the_partitions_are_shared_out_among_the_workers_and_order_holds_through_each_hand_over(
     worker, producer, records
 ):
