@@ -30,7 +30,7 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import greenlet
 
@@ -153,6 +153,35 @@ async def _run_pipeline(function: Callable[..., T], args: tuple[Any, ...]) -> T:
     return result
 
 
+class Mailbox(Generic[T]):
+    """Items handed from one thread to another's loop in bursts: one wake-up of the loop for all that came
+    meanwhile, not one per item (each wake-up costs the other thread a switch)."""
+
+    def __init__(self, wake: Callable[[Callable[[], None]], Any], take: Callable[[T], Any]) -> None:
+        self._items: collections.deque[T] = collections.deque()
+        self._wake_pending = False
+        self._wake = wake  # schedules a call on the receiving loop; callable from any thread
+        self._take = take
+
+    def put(self, item: T) -> None:
+        self._items.append(item)
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._wake(self.take_all)
+
+    def take_all(self) -> None:
+        """Hand every waiting item to ``take`` (on the receiving loop)."""
+        self._wake_pending = False  # first: what comes from now on wakes the loop again
+        while self._items:
+            self._take(self._items.popleft())
+
+    def clear(self) -> int:
+        """Drop the waiting items; returns how many there were."""
+        count = len(self._items)
+        self._items.clear()
+        return count
+
+
 class WorkerLoop:
     """The event loop a worker process owns for its coroutine handlers, in a thread of its own.
 
@@ -165,9 +194,9 @@ class WorkerLoop:
         self.loop = asyncio.new_event_loop()
         self._slots = asyncio.Semaphore(concurrency)
         self._tasks: set[asyncio.Task[Any]] = set()  # the loop's thread alone touches it
-        # Handed over from the caller's thread in bursts: one wake-up of the loop for all that came meanwhile.
-        self._arrived: collections.deque[tuple[Callable[..., Any], tuple[Any, ...]]] = collections.deque()
-        self._wake_pending = False
+        self._arrived: Mailbox[tuple[Callable[..., Any], tuple[Any, ...]]] = Mailbox(
+            self.loop.call_soon_threadsafe, self._start
+        )
         self._thread = threading.Thread(target=self.loop.run_forever, name="amqp-events-loop", daemon=True)
 
     def start(self) -> None:
@@ -177,18 +206,12 @@ class WorkerLoop:
 
     def spawn(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run ``function(*args)`` on the loop, in a greenlet whose coroutine handlers' calls are awaited."""
-        self._arrived.append((function, args))
-        if not self._wake_pending:
-            self._wake_pending = True
-            self.loop.call_soon_threadsafe(self._start_arrived)
+        self._arrived.put((function, args))
 
-    def _start_arrived(self) -> None:
-        self._wake_pending = False  # first: what arrives from now on wakes the loop again
-        while self._arrived:
-            function, args = self._arrived.popleft()
-            task = self.loop.create_task(self._spawned(function, args))
-            self._tasks.add(task)
-            task.add_done_callback(self._done)
+    def _start(self, arrived: tuple[Callable[..., Any], tuple[Any, ...]]) -> None:
+        task = self.loop.create_task(self._spawned(*arrived))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -214,8 +237,7 @@ class WorkerLoop:
         global _worker_loop
         if _worker_loop is self:
             _worker_loop = None
-        given_back = len(self._arrived)
-        self._arrived.clear()
+        given_back = self._arrived.clear()
         given_back += asyncio.run_coroutine_threadsafe(self._finish(timeout), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)

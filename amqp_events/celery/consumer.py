@@ -28,7 +28,7 @@ from kombu import Connection
 from kombu.message import Message
 from vine import promise
 
-from amqp_events.celery.coroutines import CoroutineRunner, runs_coroutines
+from amqp_events.celery.coroutines import CoroutineRunner, runs_on_its_loop
 from amqp_events.celery.loop import LoopWaker, acks_now
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
@@ -77,7 +77,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         install_limits()
         warn_of_time_limits(self.app, self.pool)
         settings = self.app.context.settings
-        on_its_loop = runs_coroutines(self.app, self.pool)
+        on_its_loop = bool(coroutines) and runs_on_its_loop(self.pool)
         in_flight = settings.async_concurrency if on_its_loop else 0
         size_prefetch(self, settings.worker_prefetch_limit, len(self.app.amqp.queues.consume_from), in_flight)
         if on_its_loop:
