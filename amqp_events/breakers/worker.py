@@ -173,9 +173,12 @@ class WorkerBreakers:
         ]
 
     def matching(self, handler: str) -> list[str]:
-        """Queues of the handlers called ``handler``: the function's name, its full name, or the event."""
+        """Queues of the handlers called ``handler``: the function's name, its full name, the event, or the name
+        it was registered with."""
         return [
-            queue for queue, found in self.handlers.items() if handler in (found.name, found.short_name, found.event)
+            queue
+            for queue, found in self.handlers.items()
+            if handler in (found.name, found.short_name, found.event, found.task_name, found.label)
         ]
 
     def _apply(self, queue: str, transition: Transition | None) -> bool:

@@ -112,7 +112,7 @@ class EventsApp(Producing, EventsCelery):
         self._context = None
 
     def add_handler(self, handler: Handler) -> None:
-        self.handlers[handler.event] = handler
+        self.handlers[handler.task_name] = handler
         self._context = None
 
     @contextmanager
@@ -234,6 +234,7 @@ class EventsApp(Producing, EventsCelery):
         requires: tuple[str, ...] | list[str] = (),
         ordered_by: str | Callable[..., Any] | None = None,
         on_archive: Literal["park", "skip"] = "park",
+        name: str | None = None,
         **task_options: Any,
     ) -> Callable[[T], T]:
         """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
@@ -256,8 +257,10 @@ class EventsApp(Producing, EventsCelery):
         retries and crashes (docs/guides/ordering.md); when one of its
         events is archived, ``on_archive`` says whether the later events of
         its key wait for it to be replayed or discarded (``park``) or go on
-        (``skip``). Other keyword
-        arguments are Celery task options. Returns the decorated object.
+        (``skip``). ``name`` registers another handler of an event that has one
+        in this service (``@app.handler("user.created", name="welcome_email")``):
+        it gets its own queue, retries, archive entries, breaker and metrics.
+        Other keyword arguments are Celery task options. Returns the decorated object.
         """
         given = {
             "max_retries": max_retries,
@@ -276,7 +279,7 @@ class EventsApp(Producing, EventsCelery):
             "on_archive": on_archive,
             **task_options,
         }
-        return HandlerDecorator(self, event, bind, options)
+        return HandlerDecorator(self, event, bind, options, name)
 
     def event_handlers(self) -> list[Any]:
         """This service's handler tasks."""

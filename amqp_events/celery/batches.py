@@ -25,7 +25,7 @@ from amqp_events.core.delivery import Delivery, Received
 from amqp_events.errors import PublishError, Refused, TopologyMissing
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.batch import BatchedEvent, events_of, is_batch
-from amqp_events.wire.message import EMPTY_EMBED, JSON, OutgoingMessage, json_body
+from amqp_events.wire.message import EMPTY_EMBED, JSON, OutgoingMessage, event_name, json_body
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def splitting(strategy: Callable[..., Any], task: Any, app: Any, consumer: Any) 
 def split(context: ServiceContext, queue: str, message: Any, ack: Any, reject: Any, errors: Any = ()) -> None:
     """Send the events of the batch ``message`` to ``queue`` one by one, then ack it."""
     try:
-        send_alone(context, queue, events_of(message.headers.get("task"), message.decode()))
+        send_alone(context, queue, events_of(event_name(message.headers), message.decode()))
     except Exception:
         logger.exception("could not split replay batch %s; it comes back", message.headers.get("id"))
         reject(logger, errors, False)

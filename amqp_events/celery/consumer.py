@@ -134,12 +134,22 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         run = super().create_task_handler(promise)
 
         def on_task_received(message: Message) -> Any:
-            verdict = admit(message, self.app.context)
+            verdict = admit(message, self.app.context, lambda: self.consumed_from(message))
             if verdict is not None:
                 return self.archiver.take(message, verdict)
             return run(message)
 
         return on_task_received
+
+    def consumed_from(self, message: Message) -> str:
+        """The queue ``message`` came from, by its consumer tag (the handler it is for, when its event has
+        several in this service)."""
+        tag = (message.delivery_info or {}).get("consumer_tag")
+        # Upstream (kombu 5.3-5.5): a consumer keeps the tag of each queue it consumes, by queue name.
+        tags: Mapping[str, str] | None = getattr(self.task_consumer, "_active_tags", None)
+        if tags is None:  # never guess: the event's other handler would run it in this one's place
+            raise LookupError("kombu's consumer keeps no consumer tags: cannot tell which handler a message is for")
+        return next((queue for queue, its_tag in tags.items() if its_tag == tag), "")
 
     # Upstream's hooks for messages it cannot run, should one reach them after all (a handler registered
     # after the consumer started): it acks and drops undecodable ones, and rejects unknown tasks (which the

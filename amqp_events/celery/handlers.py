@@ -18,7 +18,7 @@ from amqp_events.errors import DuplicateHandler
 from amqp_events.middleware.inbox import INBOX_OPTIONS
 from amqp_events.ordering.options import ORDERING_OPTIONS
 from amqp_events.topology import check_event_name, event_queue_name
-from amqp_events.topology.names import intake_queue_name
+from amqp_events.topology.names import intake_queue_name, task_name
 from amqp_events.wire import cloud_events
 
 P = ParamSpec("P")
@@ -67,21 +67,27 @@ class EventDecorator:
 class HandlerDecorator:
     """What ``@app.handler(event, ...)`` returns: registers a function or a ``celery.Task`` subclass."""
 
-    def __init__(self, app: Registry, event: str | type, bind: bool, options: dict[str, Any]) -> None:
+    def __init__(
+        self, app: Registry, event: str | type, bind: bool, options: dict[str, Any], label: str | None = None
+    ) -> None:
         self.app, self.bind, self.options = app, bind, options
         self.event_class = event if isinstance(event, type) else None
         self.event = check_event_name(event if isinstance(event, str) else getattr(event, "event_name", None))
+        self.label = label
+        self.task_name = task_name(self.event, label)
 
     def __call__(self, target: T) -> T:
         app, event = self.app, self.event
         described = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', target)}"
-        existing = app.handlers.get(event)
+        existing = app.handlers.get(self.task_name)
         if existing is not None and existing.name == described:  # the same module imported again
             return target
         if existing is not None:
+            named = "" if self.label is None else f" named {self.label!r}"
             raise DuplicateHandler(
-                f"service {app.service!r} already has a handler for event {event!r}: {existing.name}; "
-                f"{described} cannot be a second one (one handler per event per service)"
+                f"service {app.service!r} already has a handler{named} for event {event!r}: {existing.name}; "
+                f"{described} cannot be a second one (give each further handler of an event its own name: "
+                f"@app.handler({event!r}, name=...))"
             )
         options = dict(self.options)
         # A class-based handler's call is its run(self, ...); a function is called as it is.
@@ -92,14 +98,20 @@ class HandlerDecorator:
         handler = Handler(
             event=event,
             name=described,
-            queue=event_queue_name(app.service, event),
+            queue=event_queue_name(app.service, self.task_name),
             function=function,
             takes_self=self.bind or isinstance(target, type),
             event_class=self.event_class,
             retry_options=retry_options,
+            label=self.label,
         )
         for feature in FEATURE_OPTIONS:  # each takes, checks and applies its own options
             handler = feature.apply(handler, {name: options.pop(name) for name in feature.defaults if name in options})
+        if handler.ordered and self.label is not None:
+            raise TypeError(
+                f"{described}: a named handler cannot be ordered (ordered_by): the service's partitions carry one "
+                f"ordered handler per event; order {event!r} in its unnamed handler"
+            )
         if handler.ordered:  # its messages come in through the service's intake
             handler = dataclasses.replace(handler, queue=intake_queue_name(app.service))
         check_task_options(options, described)
@@ -109,11 +121,11 @@ class HandlerDecorator:
         attributes = {"handler": handler, **options}  # what is left: Celery's own task options
         if isinstance(target, type) and issubclass(target, Task):
             bases = (target,) if issubclass(target, EventHandler) else (target, EventHandler)
-            namespace = {"name": event, "__module__": target.__module__, "run": function, **attributes}
+            namespace = {"name": self.task_name, "__module__": target.__module__, "run": function, **attributes}
             app.register_task(type(target.__name__, cast(tuple[type, ...], bases), namespace))
         else:
             # Not shared: Celery would add a shared task to every app of the process (several services).
-            app.task(name=event, base=EventHandler, bind=self.bind, shared=False, **attributes)(function)
+            app.task(name=self.task_name, base=EventHandler, bind=self.bind, shared=False, **attributes)(function)
         app.add_handler(handler)
         return target
 

@@ -27,6 +27,7 @@ from amqp_events.core.delivery import Delivery, Received
 from amqp_events.core.settle import describe
 from amqp_events.errors import Expired, Refused, TooLarge
 from amqp_events.topology import delays
+from amqp_events.topology.names import event_of
 from amqp_events.wire import batch, limits
 from amqp_events.wire.message import Reason, isoformat, parse_time
 
@@ -70,20 +71,22 @@ class Early:
 Verdict = Refusal | Early
 
 
-def admit(message: Message, context: ServiceContext) -> Verdict | None:
+def admit(message: Message, context: ServiceContext, queue: Callable[[], str] = str) -> Verdict | None:
     """:func:`entering`, and a message that it cannot read (a case nobody foresaw) archived as undecodable."""
     try:
-        return entering(message, context)
+        return entering(message, context, queue)
     except Exception as exc:
         logger.exception("could not read a message in service %r; archiving it", context.name)
         return Refusal(Reason.UNDECODABLE, exc)
 
 
-def entering(message: Message, context: ServiceContext) -> Verdict | None:
+def entering(message: Message, context: ServiceContext, queue: Callable[[], str] = str) -> Verdict | None:
     """What becomes of ``message`` instead of running, if it must not run now: the one place where a message
     enters a worker. Its headers are checked before anything reads them (:mod:`amqp_events.wire.limits`); the
     ``before_receive`` hooks run, and what they change is written back into the message (a replay batch's events
-    are each read by them as they run: :mod:`amqp_events.celery.batches`); then its body is decoded, bounded."""
+    are each read by them as they run: :mod:`amqp_events.celery.batches`); then its body is decoded, bounded,
+    and the handler it is for named (:func:`~amqp_events.core.handling.address`: ``queue()`` is the queue it
+    was consumed from)."""
     hooks = bool(context.middleware.before_receive) and not batch.is_batch(message.headers)
     refused = malformed(message.headers, complete=not hooks)
     if refused is None and hooks:
@@ -99,6 +102,7 @@ def entering(message: Message, context: ServiceContext) -> Verdict | None:
     except Exception as exc:
         return decoding_failed(exc)
     message.headers.pop("compression", None)  # the body is inflated now; a copy of it is not compressed
+    handling.address(context, message.headers, queue)
     if batch.is_batch(message.headers):
         return admit_batch(message, context, body)
     cannot = handling.runnable(context, message.headers, body)
@@ -144,23 +148,23 @@ def timing(message: Message, context: ServiceContext, body: Any) -> Verdict | No
         headers["expires"] = isoformat(expires)
     info = message.delivery_info or {}
     exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
-    queue = handling.origin_queue(context.name, exchange, routing_key)
+    queue = context.handlers[headers["task"]].queue  # runnable: its handler is there
     delay = delays.whole_seconds(min(delays.seconds_until(eta, now), delays.MAX_DELAY))
     return Early(Delivery(headers, queue, exchange, routing_key, body[0], body[1]), delay)
 
 
 def admit_batch(message: Message, context: ServiceContext, body: Any) -> Refusal | None:
     """Why a worker cannot run the replay batch ``message``, if it cannot (all of it is archived, as it came)."""
-    event = str(message.headers.get("task"))
+    task = str(message.headers.get("task"))
     try:
-        batch.events_of(event, body)
+        batch.events_of(event_of(task), body)
     except Exception as exc:
         return Refusal(Reason.UNDECODABLE, exc)
-    handler = context.handlers.get(event)
+    handler = context.handlers.get(task)
     if handler is None:
-        return Refusal(Reason.UNKNOWN_EVENT, handling.unknown_event(context.name, event))
+        return Refusal(Reason.UNKNOWN_EVENT, handling.unknown_event(context.name, task))
     if handler.ordered:  # a replay sends an ordered handler's events alone, to its partitions
-        return Refusal(Reason.UNDECODABLE, ValueError(f"a replay batch of {event!r}, whose handler is ordered"))
+        return Refusal(Reason.UNDECODABLE, ValueError(f"a replay batch of {task!r}, whose handler is ordered"))
     return None
 
 

@@ -222,7 +222,8 @@ class ServiceContext:
 
     name: str
     settings: Settings
-    #: The service's handlers, by the event each handles.
+    #: The service's handlers, by their task name (:attr:`Handler.task_name`: the event each handles, and
+    #: ``<event>:<name>`` for a named one).
     handlers: Mapping[str, Handler]
     transport: Transport
     clock: Clock
@@ -240,6 +241,16 @@ class ServiceContext:
 
     def now(self) -> datetime:
         return self.clock.now()
+
+    @cached_property
+    def named_handlers(self) -> Mapping[str, Mapping[str, Handler]]:
+        """The handlers, by queue, of each event that has named handlers (others: one handler each)."""
+        shared = {handler.event for handler in self.handlers.values() if handler.label is not None}
+        by_event: dict[str, dict[str, Handler]] = {event: {} for event in shared}
+        for handler in self.handlers.values():
+            if handler.event in shared:
+                by_event[handler.event][handler.queue] = handler
+        return by_event
 
     @cached_property
     def topology(self) -> Topology:

@@ -47,6 +47,9 @@ class Handler:
     key: Callable[[tuple[Any, ...], dict[str, Any]], Any] | None = None
     #: An archived event of this (ordered) handler parks its key: the key's later events wait for it.
     parks: bool = False
+    #: The name it was registered with (``@app.handler(event, name="welcome_email")``), beside other handlers
+    #: of its event in its service; ``None``: the event's one unnamed handler.
+    label: str | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.retry_options) - set(RETRY_OPTIONS)
@@ -65,6 +68,12 @@ class Handler:
     def leading_parameters(self) -> int:
         """Parameters before the payload's: ``self``, the inbox's handle."""
         return int(self.takes_self) + int(self.handle_first)
+
+    @property
+    def task_name(self) -> str:
+        """Its task, and the ``task`` header of the copies sent to it alone (:func:`~amqp_events.topology.names.
+        task_name`): how the service's handlers are told apart."""
+        return self.event if self.label is None else f"{self.event}:{self.label}"
 
     @property
     def short_name(self) -> str:

@@ -72,6 +72,21 @@ def runnable(context: ServiceContext, headers: Mapping[str, Any], body: Any) -> 
     return None
 
 
+def address(context: ServiceContext, headers: dict[str, Any], queue: Callable[[], str]) -> None:
+    """Name in ``headers`` the handler a fired event came in for, when its event has named handlers in this
+    service: the one whose queue it was consumed from (``queue()``). A copy sent to one handler (a retry, a
+    replay) names it already; so does every copy of what it came in as."""
+    task = headers.get("task")
+    if not isinstance(task, str):
+        return
+    by_queue = context.named_handlers.get(task)
+    if by_queue is None:
+        return
+    handler = by_queue.get(queue())
+    if handler is not None:
+        headers["task"] = handler.task_name
+
+
 def not_an_event() -> Exception:
     return ValueError("no 'task' header: not an event")
 

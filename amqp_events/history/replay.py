@@ -116,6 +116,9 @@ class HistoryReplay:
         self.context, self.query, self.rate, self.restart = context, query, rate, restart
         self.handler = handler
         self.targets = _targets(context, handler)
+        self.by_event: dict[str, list[Handler]] = {}
+        for target in self.targets:
+            self.by_event.setdefault(target.event, []).append(target)
         self.names = NamesOf(context)
         self.by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
         self.cursor_queue = history_cursor_queue_name(context.name)
@@ -123,7 +126,7 @@ class HistoryReplay:
     @property
     def without_inbox(self) -> list[Handler]:
         """The handlers it replays to that would run an event again (no inbox remembers what they did)."""
-        return [handler for handler in self.targets.values() if not any(effect_stores(handler))]
+        return [handler for handler in self.targets if not any(effect_stores(handler))]
 
     def run(self, progress: Progress | None = None) -> HistoryReplayReport:
         """Replay; ``progress(offset, end)`` is called as the reading goes through the history."""
@@ -132,7 +135,7 @@ class HistoryReplay:
         transport.count(HISTORY_STREAM)  # a clear 404 when no service keeps a history on this vhost
         settings = replace(context.settings, history=True)
         topology = service_topology(context.name, context.handlers, settings, self._ordered_events())
-        ordered = next((handler for handler in self.targets.values() if handler.ordered), None)
+        ordered = next((handler for handler in self.targets if handler.ordered), None)
         existed = ordered is not None and gates.partitions_existed(context)
         transport.declare(gates.without_live_events(topology))
         cursor = None if self.restart else read_cursor(context)
@@ -177,16 +180,14 @@ class HistoryReplay:
         with self.context.transport.read_stream(HISTORY_STREAM, start) as reading:
             report.end = reading.end
             for event in events_in(reading.messages, self.query, self.names):
-                handler = self.targets.get(event.event)
                 next_offset = event.offset + 1
                 if progress:
                     progress(event.offset, reading.end)
-                if handler is None:
-                    continue
-                copy = replayed_copy(event, self.context.name, handler, report.replay)
-                if handler.ordered or not batches.add(handler, copy):
-                    batches.publish_alone(copy)
-                sent += 1
+                for handler in self.by_event.get(event.event, ()):
+                    copy = replayed_copy(event, self.context.name, handler, report.replay)
+                    if handler.ordered or not batches.add(handler, copy):
+                        batches.publish_alone(copy)
+                    sent += 1
                 pause = ahead_of_rate(sent, self.rate, time.monotonic() - began)
                 if pause:
                     time.sleep(pause)
@@ -257,19 +258,19 @@ def _key_and_slot(event: HistoricEvent, handler: Handler) -> dict[str, str]:
     return {EVENT_KEY: key, EVENT_SLOT: slot_of(key)}
 
 
-def _targets(context: ServiceContext, handler: str | None) -> dict[str, Handler]:
-    """The service's handlers a replay sends to, by event: all of them, or the one named ``handler`` (its
-    function's name, its full name or its event)."""
+def _targets(context: ServiceContext, handler: str | None) -> list[Handler]:
+    """The service's handlers a replay sends to: all of them, or those called ``handler`` (the function's name,
+    its full name, its event or the name it was registered with)."""
     handlers = context.handlers
     if not handlers:
         raise LookupError(f"service {context.name!r} has no handler: a replay has nothing to deliver to")
     if handler is None:
-        return dict(handlers)
-    found = {
-        event: candidate
-        for event, candidate in handlers.items()
-        if handler in (candidate.name, candidate.name.rpartition(".")[2], event)
-    }
+        return list(handlers.values())
+    found = [
+        candidate
+        for task, candidate in handlers.items()
+        if handler in (candidate.name, candidate.name.rpartition(".")[2], task, candidate.event, candidate.label)
+    ]
     if not found:
         names = ", ".join(sorted(candidate.name for candidate in handlers.values())) or "none"
         raise LookupError(f"service {context.name!r} has no handler {handler!r} (its handlers: {names})")

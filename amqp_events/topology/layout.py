@@ -40,6 +40,7 @@ from amqp_events.topology.names import (
     archive_queue_name,
     dead_letter_exchange_name,
     direct_exchange_name,
+    event_of,
     event_queue_name,
     owner_of,
 )
@@ -222,9 +223,11 @@ def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[
     return exchanges, queues, bindings
 
 
-def event_queue(service: str, event: str, settings: Settings) -> tuple[Queue, list[Binding]]:
-    """The queue of ``service`` for ``event``, bound to the events exchange, and its delivery bindings."""
-    name = event_queue_name(service, event)
+def event_queue(service: str, task: str, settings: Settings) -> tuple[Queue, list[Binding]]:
+    """The queue of ``service``'s handler ``task`` (an event's name, or a named handler's ``<event>:<name>``),
+    bound to the events exchange with its event, and its delivery bindings."""
+    name = event_queue_name(service, task)
+    event = event_of(task)
     queue = Queue(
         name,
         exchange=events_exchange(settings),

@@ -94,9 +94,31 @@ def _checked_event_name(event: str) -> str:
     return event
 
 
+def check_handler_label(label: object) -> str:
+    """A handler's own name (``@app.handler(event, name=...)``): one word, like a service's."""
+    if not isinstance(label, str) or not _SERVICE.match(label):
+        raise InvalidName(f"handler name {label!r} must be letters, digits, '_' or '-' (like 'welcome_email')")
+    return label
+
+
+def task_name(event: str, label: str | None = None) -> str:
+    """The task (and ``task`` header) of a handler of ``event``: the event's name for its unnamed handler,
+    ``<event>:<label>`` for one registered with its own name (a fired event names only its event)."""
+    return check_event_name(event) if label is None else f"{check_event_name(event)}:{check_handler_label(label)}"
+
+
+def event_of(task: str) -> str:
+    """The event of a task name (:func:`task_name`)."""
+    return task.partition(":")[0]
+
+
 def event_queue_name(service: str, event: str) -> str:
-    """The queue in which ``service`` receives ``event``."""
+    """The queue in which ``service`` receives ``event``; ``event`` may be a handler's task name
+    (:func:`task_name`): ``orders:user.created:welcome_email`` is the named handler ``welcome_email``'s."""
+    event, colon, label = event.partition(":")
     name = f"{check_service_name(service)}:{check_event_name(event)}"
+    if colon:
+        name = f"{name}:{check_handler_label(label)}"
     if len(name) > _MAX_QUEUE_NAME:
         raise InvalidName(f"queue name {name!r} is longer than {_MAX_QUEUE_NAME} characters")
     return name

@@ -171,8 +171,9 @@ def new_event_id(given: str | None = None) -> str:
 
 
 def event_name(headers: Mapping[str, Any]) -> str:
-    """The event a message fires: its ``task`` header, or its ``ce-type`` (:mod:`amqp_events.wire.cloud_events`)."""
-    return str(headers.get("task") or headers.get("ce-type") or "")
+    """The event a message fires: its ``task`` header (without the handler's name a copy for one named handler
+    carries: ``user.created:welcome_email``), or its ``ce-type`` (:mod:`amqp_events.wire.cloud_events`)."""
+    return str(headers.get("task") or headers.get("ce-type") or "").partition(":")[0]
 
 
 def event_id(headers: Mapping[str, Any]) -> str:

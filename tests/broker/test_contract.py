@@ -366,3 +366,35 @@ def test_a_handler_that_skips_lets_the_later_events_of_a_key_go_on_past_an_archi
     mode.until(lambda: len(handled(records, "a-1")) == 2)
     assert handled(records, "a-1") == [0, 2]
     assert "parks_key" not in archived.headers
+
+
+# -- several handlers of one event in one service -------------------------------------------------------------
+
+
+def test_named_handlers_of_one_event_each_run_once_and_a_retry_reaches_only_the_one_that_failed(mode, records):
+    mode.start("accounts", "shipping")
+    event_id = mode.producer.fire("test.ping", ["audited"], {"how": {"fail_times": 2, "only": "accounts.audit"}})
+    mode.until(lambda: len(records.all(id=event_id, service="accounts.audit")) >= 3)
+    mode.quiet(("accounts", "accounts.audit", "shipping"))
+    assert [run["attempt"] for run in records.all(id=event_id, service="accounts.audit")] == [1, 2, 3]
+    assert [run["attempt"] for run in records.all(id=event_id, service="accounts")] == [1]
+    assert [run["attempt"] for run in records.all(id=event_id, service="shipping")] == [1]
+    assert mode.archive("accounts").list() == []
+
+
+def test_a_named_handler_s_archived_event_names_it_and_its_replay_runs_it_alone(mode, records):
+    mode.start("accounts")
+    event_id = mode.producer.fire("test.ping", ["audit-bug"], {"how": {"permanent": True, "only": "accounts.audit"}})
+    [archived] = archived_in(mode, "accounts", 1)
+    assert (archived.id, archived.handler, archived.queue) == (
+        event_id,
+        "services.accounts.audit_ping",
+        "accounts:test.ping:audit",
+    )
+    mode.deploy_fix("accounts")
+    assert mode.archive("accounts").replay().replayed == [event_id]
+    mode.until(lambda: len(records.all(id=event_id, service="accounts.audit")) >= 2)
+    mode.quiet(("accounts", "accounts.audit"))
+    assert [run["attempt"] for run in records.all(id=event_id, service="accounts.audit")] == [1, 1]
+    assert [run["attempt"] for run in records.all(id=event_id, service="accounts")] == [1]
+    assert mode.archive("accounts").count() == 0
