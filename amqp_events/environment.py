@@ -23,6 +23,7 @@ VARIABLES: dict[str, str] = {
     "shared topology is declared for the services)",
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": "the setting amqp_events_quorum_queue_warning (where `topology check` and "
     "the exporter warn)",
+    "AMQP_EVENTS_QUEUE_LAYOUT": "the setting amqp_events_queue_layout (per_handler or per_service)",
     "AMQP_EVENTS_MANAGEMENT_URL": "where the command line finds RabbitMQ's management API (its --management-url)",
     "AMQP_EVENTS_MANAGEMENT_USER": "the management API's user (default guest)",
     "AMQP_EVENTS_MANAGEMENT_PASSWORD": "the management API's password (default guest)",

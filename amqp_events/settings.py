@@ -36,6 +36,9 @@ CELERY_DEFAULTS: dict[str, Any] = {
     "worker_prefetch_multiplier": 16,
 }
 
+#: Where a service's events wait: the setting, and its values.
+QUEUE_LAYOUT = "amqp_events_queue_layout"
+QUEUE_LAYOUTS = ("per_handler", "per_service")
 #: Environment variables read when an app is created (of :data:`amqp_events.environment.VARIABLES`): the
 #: setting each one fills, and its type.
 ENVIRONMENT: dict[str, tuple[str, str]] = {
@@ -46,6 +49,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "AMQP_EVENTS_METRICS_PORT": ("amqp_events_metrics_port", "int"),
     "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": ("amqp_events_quorum_queue_warning", "int"),
+    "AMQP_EVENTS_QUEUE_LAYOUT": (QUEUE_LAYOUT, "str"),
 }
 
 SETTING_PREFIX = "amqp_events_"
@@ -150,6 +154,10 @@ class Settings:
     #: ``topology check`` and the exporter warn when the vhost holds more quorum queues than this (each costs every
     #: node memory, idle CPU and restart time: the reference on topology, sizing); 0: never.
     quorum_queue_warning: int = 4000
+    #: Where the service's handlers' events wait: ``per_handler``, a quorum queue per handler; ``per_service``,
+    #: one quorum queue ``<service>.events`` for all of them (ordered handlers keep their partitions). Each
+    #: handler keeps its own retries, archive entries and breaker either way (docs/reference/topology.md).
+    queue_layout: str = "per_handler"
     #: Messages one worker process holds unacked at most, all its queues together: each consumer gets its share
     #: (at least one per pool process), so that a service with many handlers does not have each worker hold
     #: ``worker_prefetch_multiplier`` messages per queue.
@@ -164,6 +172,9 @@ class Settings:
     #: True (the default policy) or a dict of the policy's fields (``failures``, ``window``, ``open_for``, ...);
     #: None: only the handlers that ask for one have a breaker.
     breaker: Mapping[str, Any] | bool | None = None
+    #: Seconds at a time an event of a paused handler waits on the broker when the handler shares its queue
+    #: (``per_service``): one publish per wait; after it resumes, its events come back within this long.
+    paused_wait: int = 30
 
     @property
     def checks_shared_topology(self) -> bool:
@@ -198,6 +209,10 @@ class Settings:
             problems.append("worker_prefetch_limit must be >= 1")
         if self.async_concurrency < 1 or self.async_shutdown_timeout < 0:
             problems.append("async_concurrency must be >= 1 and async_shutdown_timeout >= 0")
+        if self.paused_wait < 1:
+            problems.append("paused_wait must be >= 1 (seconds)")
+        if self.queue_layout not in QUEUE_LAYOUTS:
+            problems.append(f"queue_layout must be one of {', '.join(QUEUE_LAYOUTS)}, not {self.queue_layout!r}")
         if self.log_format not in ("text", "json"):
             problems.append(f"log_format must be 'text' or 'json', not {self.log_format!r}")
         if self.shared_topology not in ("declare", "check"):

@@ -12,7 +12,7 @@ import pytest
 from helpers import Records, load_service
 
 from amqp_events import EventsApp, events_app
-from amqp_events.archive import Archive
+from amqp_events.archive import Archive, ArchivedMessage
 from amqp_events.testing import wait_for
 from amqp_events.testing.in_process import InProcess, in_process
 
@@ -106,9 +106,11 @@ class BrokerMode(Mode):
         producer: EventsApp,
         records: Records,
         service_app: Callable[[str], Any],
+        monkeypatch: pytest.MonkeyPatch,
         coroutines: bool = False,
     ) -> None:
         self.worker, self.producer, self.records, self.service_app = worker, producer, records, service_app
+        self.monkeypatch = monkeypatch
         self.processes: dict[str, Any] = {}
         self.env: dict[str, str] = {}
         #: The test services' handlers as coroutines (``COROUTINES=1``), on the worker's event loop.
@@ -116,6 +118,8 @@ class BrokerMode(Mode):
 
     def start(self, *services: str, env: dict[str, str] | None = None) -> None:
         self.env = {**({"COROUTINES": "1"} if self.coroutines else {}), **(env or {})}
+        for key, value in self.env.items():  # the services' modules loaded here (module()) configured alike
+            self.monkeypatch.setenv(key, value)
         for service in services:
             self.processes[service] = self.worker(service, env=self.env)
 
@@ -133,3 +137,12 @@ class BrokerMode(Mode):
         for service in services:
             self.processes.pop(service).stop()
             self.processes[service] = self.worker(service, env={**self.env, "FIXED": "1"})
+
+
+def archived_in(mode: Mode, service: str, count: int) -> list[ArchivedMessage]:
+    """The ``count`` messages of ``service``'s archive, once there are that many (and no more)."""
+    archive = mode.archive(service)
+    mode.until(lambda: len(archive.list()) >= count)
+    found = archive.list()
+    assert len(found) == count, found
+    return found

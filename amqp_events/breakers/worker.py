@@ -7,7 +7,10 @@ reads the counts ten times a second, steps the :mod:`amqp_events.breakers.breake
 machines, and on a trip cancels the consumer of that handler's queue only;
 other handlers go on. The queue's messages stay on the broker, in order.
 When the open period ends (or the hold of an operator or a health check is
-released) the worker consumes the queue again, half-open.
+released) the worker consumes the queue again, half-open. A handler that shares
+its queue with the service's others (``per_service``) cannot stop it: each of
+its events taken meanwhile waits ``amqp_events_paused_wait`` seconds on the broker's
+delay ladder and comes back, unrun and uncounted, until the breaker lets it run.
 
 A message already prefetched when a breaker opened is handed back: a copy
 with unchanged counters goes to the end of its queue, then the original is
@@ -17,6 +20,7 @@ created before the pool's children fork.
 
 from __future__ import annotations
 
+import collections
 import logging
 import multiprocessing
 import time
@@ -45,7 +49,8 @@ OPERATOR = "operator"
 class WorkerBreakers:
     """The breakers of one worker's handlers, and the health checks they depend on.
 
-    ``pause(queue)`` and ``resume(queue)`` stop and start consuming a queue
+    Breakers are kept by handler (its task name). ``pause(queue)`` and ``resume(queue)`` stop and start
+    consuming the queue of a handler that has one of its own
     (the worker's consumer does that: :mod:`amqp_events.celery.steps`).
     """
 
@@ -55,16 +60,20 @@ class WorkerBreakers:
         handlers: Iterable[Handler],
         default: BreakerPolicy | None,
         checks: Mapping[str, HealthCheck],
+        paused_wait: int = 30,
     ) -> None:
         self.service = service
-        self.handlers: dict[str, Handler] = {handler.queue: handler for handler in handlers}
-        policies = {
-            queue: BreakerPolicy.of(breaker_option(handler), default) for queue, handler in self.handlers.items()
-        }
-        self.breakers = {queue: Breaker(policy or BreakerPolicy()) for queue, policy in policies.items()}
+        #: Seconds an event of a paused handler that shares its queue waits on the broker at a time.
+        self.paused_wait = paused_wait
+        self.handlers: dict[str, Handler] = {handler.task_name: handler for handler in handlers}
+        policies = {task: BreakerPolicy.of(breaker_option(handler), default) for task, handler in self.handlers.items()}
+        self.breakers = {task: Breaker(policy or BreakerPolicy()) for task, policy in policies.items()}
         #: Handlers whose breaker trips on failures (the others only pause when told to).
-        self.automatic = {queue for queue, policy in policies.items() if policy is not None}
-        self.slots = {queue: index for index, queue in enumerate(sorted(self.handlers))}
+        self.automatic = {task for task, policy in policies.items() if policy is not None}
+        self.slots = {task: index for index, task in enumerate(sorted(self.handlers))}
+        consumers = collections.Counter(handler.queue for handler in self.handlers.values())
+        #: Handlers that share their queue (``per_service``): pausing one cannot stop consuming it.
+        self.sharing = {task for task, handler in self.handlers.items() if consumers[handler.queue] > 1}
         # One byte per handler, its State (or PROBING): written here, read by the pool children (forked later) ...
         self.shared = multiprocessing.RawArray("b", max(1, len(self.slots)))
         # ... and two counters per handler, successes and failures, written by them and read here.
@@ -82,9 +91,9 @@ class WorkerBreakers:
 
     # -- read anywhere (pool children included) ------------------------------------------------------
 
-    def may_run(self, queue: str) -> bool:
-        """May a message of ``queue`` run now? Closed: yes; open: no; half-open: the first one only."""
-        slot = self.slots.get(queue)
+    def may_run(self, task: str) -> bool:
+        """May a message of ``task`` run now? Closed: yes; open: no; half-open: the first one only."""
+        slot = self.slots.get(task)
         if slot is None or self.shared[slot] == State.CLOSED:
             return True
         if self.shared[slot] != State.HALF_OPEN:
@@ -95,17 +104,17 @@ class WorkerBreakers:
             self.shared[slot] = PROBING
             return True
 
-    def report(self, queue: str, failed: bool) -> None:
-        """Count a run of ``queue``'s handler: ``failed`` for an unexpected failure (retried or archived
+    def report(self, task: str, failed: bool) -> None:
+        """Count a run of ``task``'s handler: ``failed`` for an unexpected failure (retried or archived
         for it); called by the process that ran it."""
-        slot = self.slots.get(queue)
-        if slot is not None and queue in self.automatic:  # only breakers that trip on failures read them
+        slot = self.slots.get(task)
+        if slot is not None and task in self.automatic:  # only breakers that trip on failures read them
             with self.outcomes.get_lock():
                 self.outcomes[2 * slot + failed] += 1
 
     def states(self) -> dict[str, str]:
         """Each handler's breaker state, by handler name (for heartbeats)."""
-        return {self.handlers[queue].name: str(breaker.state) for queue, breaker in self.breakers.items()}
+        return {self.handlers[task].name: str(breaker.state) for task, breaker in self.breakers.items()}
 
     def health(self) -> dict[str, str]:
         return {name: str(check.state) for name, check in self.checks.items()}
@@ -115,10 +124,10 @@ class WorkerBreakers:
     def start(self, pause: Callable[[str], None], resume: Callable[[str], None]) -> None:
         """The consumer (re)started: stop consuming what is paused; start the health checks once."""
         self.pause, self.resume = pause, resume
-        for queue, breaker in self.breakers.items():
-            record_breaker(self.service, self.handlers[queue].name, breaker.state, tripped=False)
-            if breaker.state == State.OPEN:
-                pause(queue)
+        for task, breaker in self.breakers.items():
+            record_breaker(self.service, self.handlers[task].name, breaker.state, tripped=False)
+            if breaker.state == State.OPEN and task not in self.sharing:
+                pause(self.handlers[task].queue)
         if self.checks and self.runner is None:
             self.runner = HealthRunner(list(self.checks.values()))
             self.runner.start()
@@ -135,73 +144,77 @@ class WorkerBreakers:
         now = time.monotonic()
         with self.outcomes.get_lock():
             counts = self.outcomes[:]
-        for queue, slot in self.slots.items():
+        for task, slot in self.slots.items():
             successes, failures = (counts[2 * slot + n] - self.seen[2 * slot + n] for n in (0, 1))
             self.seen[2 * slot], self.seen[2 * slot + 1] = counts[2 * slot], counts[2 * slot + 1]
-            if queue in self.automatic:  # successes first: a failure among them decides a half-open probe
+            if task in self.automatic:  # successes first: a failure among them decides a half-open probe
                 for failed in [False] * successes + [True] * failures:
-                    self._apply(queue, self.breakers[queue].record(failed, now))
+                    self._apply(task, self.breakers[task].record(failed, now))
         for name, check in self.checks.items():
             record_health(self.service, name, check.state.gauge)
-        for queue, breaker in self.breakers.items():
-            for name in required_checks(self.handlers[queue]):
+        for task, breaker in self.breakers.items():
+            for name in required_checks(self.handlers[task]):
                 reason = f"health check {name} unhealthy"
                 if self.checks[name].state == Health.UNHEALTHY:
-                    self._apply(queue, breaker.hold(reason))
+                    self._apply(task, breaker.hold(reason))
                 else:
-                    self._apply(queue, breaker.release(reason, now))
-            self._apply(queue, breaker.poll(now))
-            self._unless_probe_lost(queue, now)
+                    self._apply(task, breaker.release(reason, now))
+            self._apply(task, breaker.poll(now))
+            self._unless_probe_lost(task, now)
 
-    def _unless_probe_lost(self, queue: str, now: float) -> None:
+    def _unless_probe_lost(self, task: str, now: float) -> None:
         """A probe whose outcome never came (its process died): let another message probe."""
-        slot = self.slots[queue]
+        slot = self.slots[task]
         if self.shared[slot] != PROBING:
-            self.probing_since.pop(queue, None)
-        elif now - self.probing_since.setdefault(queue, now) > self.breakers[queue].policy.window:
-            self.probing_since.pop(queue)
+            self.probing_since.pop(task, None)
+        elif now - self.probing_since.setdefault(task, now) > self.breakers[task].policy.window:
+            self.probing_since.pop(task)
             self.shared[slot] = State.HALF_OPEN
 
     def hold(self, handler: str, reason: str = OPERATOR) -> list[str]:
         """Hold the breakers of the handlers named ``handler`` (function name, full name or event) open."""
-        return [queue for queue in self.matching(handler) if self._apply(queue, self.breakers[queue].hold(reason))]
+        return [task for task in self.matching(handler) if self._apply(task, self.breakers[task].hold(reason))]
 
     def release(self, handler: str, reason: str = OPERATOR) -> list[str]:
         now = time.monotonic()
-        return [
-            queue for queue in self.matching(handler) if self._apply(queue, self.breakers[queue].release(reason, now))
-        ]
+        return [task for task in self.matching(handler) if self._apply(task, self.breakers[task].release(reason, now))]
 
     def matching(self, handler: str) -> list[str]:
         """Queues of the handlers called ``handler``: the function's name, its full name, the event, or the name
         it was registered with."""
         return [
-            queue
-            for queue, found in self.handlers.items()
+            task
+            for task, found in self.handlers.items()
             if handler in (found.name, found.short_name, found.event, found.task_name, found.label)
         ]
 
-    def _apply(self, queue: str, transition: Transition | None) -> bool:
+    def _apply(self, task: str, transition: Transition | None) -> bool:
         if transition is None:
             return False
-        if transition.state == State.HALF_OPEN and queue not in self.automatic:  # no failures to watch for
-            transition = self.breakers[queue].close(transition.why)
-        name = self.handlers[queue].name
-        self.shared[self.slots[queue]] = transition.state
+        if transition.state == State.HALF_OPEN and task not in self.automatic:  # no failures to watch for
+            transition = self.breakers[task].close(transition.why)
+        name, queue = self.handlers[task].name, self.handlers[task].queue
+        self.shared[self.slots[task]] = transition.state
+        own_queue = task not in self.sharing
         # Structured fields, as on the lines about events (amqp_events.middleware.logs).
         fields = {"service": self.service, "handler": name, "breaker": transition.state.name.lower()}
         if transition.state == State.OPEN:
-            self.pause(queue)
+            if own_queue:
+                self.pause(queue)
             more = f"; resuming in {transition.open_for:g}s" if transition.open_for else ""
+            where = (
+                f"its queue {queue} is not consumed" if own_queue else f"its events wait {self.paused_wait}s at a time"
+            )
             logger.log(
                 max(transition.level, logging.WARNING),
-                "breaker of %s opened (%s): its queue %s is not consumed%s",
-                name, transition.why, queue, more, extra=fields,
+                "breaker of %s opened (%s): %s%s",
+                name, transition.why, where, more, extra=fields,
             )  # fmt: skip
         else:
-            self.resume(queue)
+            if own_queue:
+                self.resume(queue)
             state, why = transition.state, transition.why
-            logger.info("breaker of %s %s (%s): consuming %s", name, state, why, queue, extra=fields)
+            logger.info("breaker of %s %s (%s): running its events again", name, state, why, extra=fields)
         tripped = transition.state == State.OPEN and bool(transition.open_for)
         record_breaker(self.service, name, transition.state, tripped)
         return True
@@ -219,19 +232,22 @@ class Breakers(Middleware):
         self.breakers = breakers
 
     def before_handle(self, attempt: Attempt) -> Outcome | None:
-        queue = attempt.delivery.queue
-        if self.breakers.may_run(queue):
+        task = attempt.handler.task_name if attempt.handler is not None else ""
+        if self.breakers.may_run(task):
             return None
-        return hand_back(attempt.delivery, attempt.context.now())  # prefetched before the breaker opened
+        # Prefetched before the breaker opened (its queue is not consumed meanwhile), or taken from a queue
+        # shared with handlers that go on: it waits on the broker, and comes back to see whether it may run.
+        wait = self.breakers.paused_wait if task in self.breakers.sharing else 0
+        return hand_back(attempt.delivery, attempt.context.now(), wait)
 
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
-        if attempt.kind != "run" or outcome is None:
+        if attempt.kind != "run" or outcome is None or attempt.handler is None:
             return
         if isinstance(outcome, Ack):
             if not outcome.duplicate:
-                self.breakers.report(attempt.delivery.queue, failed=False)
+                self.breakers.report(attempt.handler.task_name, failed=False)
         elif _unexpected_failure(outcome):
-            self.breakers.report(attempt.delivery.queue, failed=True)
+            self.breakers.report(attempt.handler.task_name, failed=True)
 
 
 def _unexpected_failure(outcome: Outcome) -> bool:

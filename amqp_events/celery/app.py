@@ -33,9 +33,9 @@ from amqp_events.core.handler import Handler
 from amqp_events.history import History
 from amqp_events.inbox.base import DedupStore, TransactionalInbox
 from amqp_events.middleware import standard_middleware
-from amqp_events.settings import CELERY_DEFAULTS, Settings, environment_defaults, raw_settings
+from amqp_events.settings import CELERY_DEFAULTS, QUEUE_LAYOUT, Settings, environment_defaults, raw_settings
 from amqp_events.topology import Topology, check_service_name
-from amqp_events.topology.names import control_namespace
+from amqp_events.topology.names import control_namespace, handler_queue_name
 from amqp_events.transport.base import Transport
 from amqp_events.transport.rabbitmq import RabbitMQ
 
@@ -83,9 +83,24 @@ class EventsApp(Producing, EventsCelery):
             raw = raw_settings(self.conf)
             check_broker_url(self.conf.broker_url)
             self._settings = Settings.from_raw(raw)
+            self._check_placed(self._settings.queue_layout)
             BreakerPolicy.of(self._settings.breaker, None)  # its values checked now, not when a worker starts
             self.freeze_settings(raw, f"at {SYSTEM_CLOCK.now():%H:%M:%S} UTC, when they were first needed")
         return self._settings
+
+    def _check_placed(self, layout: str) -> None:
+        """Handlers take their queue from the layout as it was when they were registered: it must not have
+        changed since (a worker would consume queues no event reaches)."""
+        misplaced = sorted(
+            handler.name
+            for handler in self.handlers.values()
+            if not handler.ordered and handler.queue != handler_queue_name(self.service, handler.task_name, layout)
+        )
+        if misplaced:
+            raise ValueError(
+                f"{QUEUE_LAYOUT} of service {self.service!r} is {layout!r}, but {', '.join(misplaced)} were "
+                f"registered before it was set: give it to events_app(...) or as AMQP_EVENTS_QUEUE_LAYOUT"
+            )
 
     @property
     def context(self) -> ServiceContext:

@@ -63,7 +63,7 @@ def amqp_events_breaker(state: Any, service: str, handler: str, action: str) -> 
         breakers.release(handler)
     else:
         return {"service": service, "error": f"unknown action {action!r} (open or close)"}
-    names = [breakers.handlers[queue].name for queue in matched]
+    names = [breakers.handlers[task].name for task in matched]
     return {"service": service, "matched": names, "action": action}
 
 

@@ -17,8 +17,9 @@ from amqp_events.coroutines import is_coroutine_handler, run_to_completion
 from amqp_events.errors import DuplicateHandler
 from amqp_events.middleware.inbox import INBOX_OPTIONS
 from amqp_events.ordering.options import ORDERING_OPTIONS
-from amqp_events.topology import check_event_name, event_queue_name
-from amqp_events.topology.names import intake_queue_name, task_name
+from amqp_events.settings import QUEUE_LAYOUT
+from amqp_events.topology import check_event_name
+from amqp_events.topology.names import handler_queue_name, intake_queue_name, task_name
 from amqp_events.wire import cloud_events
 
 P = ParamSpec("P")
@@ -98,7 +99,8 @@ class HandlerDecorator:
         handler = Handler(
             event=event,
             name=described,
-            queue=event_queue_name(app.service, self.task_name),
+            # Read as given (not the settings, which reading freezes): the app checks it when it reads them.
+            queue=handler_queue_name(app.service, self.task_name, app.conf.get(QUEUE_LAYOUT) or "per_handler"),
             function=function,
             takes_self=self.bind or isinstance(target, type),
             event_class=self.event_class,

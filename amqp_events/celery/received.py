@@ -11,6 +11,7 @@ back to its queue: never dropped, never held for good.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -24,12 +25,12 @@ from kombu.message import Message
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Delivery, Received
-from amqp_events.core.settle import describe
+from amqp_events.core.settle import describe, publish_routed
 from amqp_events.errors import Expired, Refused, TooLarge
 from amqp_events.topology import delays
 from amqp_events.topology.names import event_of
 from amqp_events.wire import batch, limits
-from amqp_events.wire.message import Reason, isoformat, parse_time
+from amqp_events.wire.message import OutgoingMessage, Reason, isoformat, parse_time
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,14 @@ class Refusal:
 
 
 @dataclass(frozen=True)
+class Fanout:
+    """A fired event that came in for several handlers of the service (in the queue they share): a copy goes
+    to each, naming it."""
+
+    copies: list[OutgoingMessage]
+
+
+@dataclass(frozen=True)
 class Early:
     """A message that came before its ``eta``: it waits ``delay`` more seconds on the broker, unrun."""
 
@@ -68,7 +77,7 @@ class Early:
     delay: int
 
 
-Verdict = Refusal | Early
+Verdict = Refusal | Fanout | Early
 
 
 def admit(message: Message, context: ServiceContext, queue: Callable[[], str] = str) -> Verdict | None:
@@ -102,7 +111,9 @@ def entering(message: Message, context: ServiceContext, queue: Callable[[], str]
     except Exception as exc:
         return decoding_failed(exc)
     message.headers.pop("compression", None)  # the body is inflated now; a copy of it is not compressed
-    handling.address(context, message.headers, queue)
+    several = handling.address(context, message.headers, queue)
+    if several:
+        return Fanout(handling.one_for_each(message.headers, body, several))
     if batch.is_batch(message.headers):
         return admit_batch(message, context, body)
     cannot = handling.runnable(context, message.headers, body)
@@ -219,6 +230,11 @@ def delivery_of_message(message: Message, service: str) -> Delivery:
     )
 
 
+def _publish_all(copies: list[OutgoingMessage], context: ServiceContext) -> None:
+    for copy in copies:
+        publish_routed(context, copy)
+
+
 class Archiver:
     """Archives the messages a worker cannot run, and sends those not due yet to wait on the broker, on the
     consumer's event loop (``timer``)."""
@@ -230,6 +246,8 @@ class Archiver:
         """Carry out ``verdict`` on ``message`` (a copy confirmed on the broker), then ack it."""
         if isinstance(verdict, Refusal):
             self.archive(message, verdict.reason, verdict.error)
+        elif isinstance(verdict, Fanout):
+            self._settle(message, functools.partial(_publish_all, verdict.copies), 0, "copies, ")
         else:
             self._settle(message, lambda context: handling.postpone(context, verdict.delivery, verdict.delay), 0)
 

@@ -83,10 +83,11 @@ class BreakerState(bootsteps.Step):  # type: ignore[misc]
         super().__init__(parent, **kwargs)
         app = parent.app
         context = app.context
-        default = BreakerPolicy.of(app.events_settings.breaker, None)
+        settings = app.events_settings
+        default = BreakerPolicy.of(settings.breaker, None)
         # Breakers pause a handler's own queue; ordered handlers share their service's partitions.
         unordered = [handler for handler in context.handlers.values() if not handler.ordered]
-        breakers = WorkerBreakers(context.name, unordered, default, app.health_checks)
+        breakers = WorkerBreakers(context.name, unordered, default, app.health_checks, settings.paused_wait)
         app.add_middleware(Breakers(breakers))
 
 

@@ -243,14 +243,15 @@ class ServiceContext:
         return self.clock.now()
 
     @cached_property
-    def named_handlers(self) -> Mapping[str, Mapping[str, Handler]]:
-        """The handlers, by queue, of each event that has named handlers (others: one handler each)."""
-        shared = {handler.event for handler in self.handlers.values() if handler.label is not None}
-        by_event: dict[str, dict[str, Handler]] = {event: {} for event in shared}
+    def addressed(self) -> Mapping[str, Mapping[str, tuple[Handler, ...]]]:
+        """The handlers of each event that has named handlers, by the queue each takes it from (the others
+        have one handler: a message of theirs is for it)."""
+        by_event: dict[str, dict[str, tuple[Handler, ...]]] = {}
         for handler in self.handlers.values():
-            if handler.event in shared:
-                by_event[handler.event][handler.queue] = handler
-        return by_event
+            queues = by_event.setdefault(handler.event, {})
+            queues[handler.queue] = (*queues.get(handler.queue, ()), handler)
+        named = {handler.event for handler in self.handlers.values() if handler.label is not None}
+        return {event: queues for event, queues in by_event.items() if event in named}
 
     @cached_property
     def topology(self) -> Topology:

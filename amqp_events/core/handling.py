@@ -34,8 +34,8 @@ from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, deci
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.topology import delays, event_queue_name
-from amqp_events.topology.names import is_direct_exchange
-from amqp_events.wire.message import Reason, is_task_body
+from amqp_events.topology.names import is_direct_exchange, to_queue
+from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, Reason, copy_headers, event_id, is_task_body
 
 logger = logging.getLogger(__name__)
 
@@ -72,19 +72,44 @@ def runnable(context: ServiceContext, headers: Mapping[str, Any], body: Any) -> 
     return None
 
 
-def address(context: ServiceContext, headers: dict[str, Any], queue: Callable[[], str]) -> None:
-    """Name in ``headers`` the handler a fired event came in for, when its event has named handlers in this
-    service: the one whose queue it was consumed from (``queue()``). A copy sent to one handler (a retry, a
-    replay) names it already; so does every copy of what it came in as."""
+def address(context: ServiceContext, headers: dict[str, Any], queue: Callable[[], str]) -> tuple[Handler, ...]:
+    """Name in ``headers`` the handler a message is for, when its event has named handlers in this service;
+    returns the handlers it must be copied to instead, when it came in for several of them (a fired event in
+    the queue they share: ``amqp_events_queue_layout = "per_service"``).
+
+    A copy for one handler names it (``for_handler``; a retry, a replay keep it); a fired event is for the
+    handlers that take its event from the queue it was consumed from (``queue()``).
+    """
     task = headers.get("task")
     if not isinstance(task, str):
-        return
-    by_queue = context.named_handlers.get(task)
+        return ()
+    wanted = headers.get(FOR_HANDLER)
+    if isinstance(wanted, str):
+        headers["task"] = wanted
+        return ()
+    by_queue = context.addressed.get(task)
     if by_queue is None:
-        return
-    handler = by_queue.get(queue())
-    if handler is not None:
-        headers["task"] = handler.task_name
+        return ()
+    found = by_queue.get(queue(), ())
+    if len(found) == 1:
+        headers["task"] = found[0].task_name
+        return ()
+    return found
+
+
+def one_for_each(headers: Mapping[str, Any], body: Any, handlers: tuple[Handler, ...]) -> list[OutgoingMessage]:
+    """A copy of a fired event for each of ``handlers``, naming it: each then runs, retries and is archived
+    on its own."""
+    retries = int(headers.get("retries") or 0)
+    return [
+        OutgoingMessage(
+            *to_queue(handler.queue),
+            copy_headers(headers, retries, task=handler.task_name, **{FOR_HANDLER: handler.task_name}),
+            body,
+            event_id(headers),
+        )
+        for handler in handlers
+    ]
 
 
 def not_an_event() -> Exception:

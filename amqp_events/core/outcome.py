@@ -243,13 +243,14 @@ def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
     )
 
 
-def hand_back(delivery: Delivery, now: datetime) -> Redeliver:
-    """A message taken while its handler's breaker was open goes back unrun, its counters unchanged."""
+def hand_back(delivery: Delivery, now: datetime, wait: int = 0) -> Redeliver:
+    """A message taken while its handler's breaker was open goes back unrun (after ``wait`` seconds on the
+    broker), its counters unchanged."""
     headers = copy_headers(delivery.headers, delivery.retries)
     if LOST_RUNS in delivery.headers:  # a per-copy count, but this copy is the same delivery again
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
     error = BreakerOpen("the handler's circuit breaker is open")
-    return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="hand_back")
+    return Redeliver(back_to_queue(delivery, headers, wait, now), wait, error, why="hand_back")
 
 
 def waiting_for_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:

@@ -43,7 +43,15 @@ from amqp_events.topology.names import (
 )
 from amqp_events.transport.base import BatchPublisher
 from amqp_events.wire import batch
-from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, JSON, OutgoingMessage, copy_headers, event_key
+from amqp_events.wire.message import (
+    EVENT_KEY,
+    EVENT_SLOT,
+    FOR_HANDLER,
+    JSON,
+    OutgoingMessage,
+    copy_headers,
+    event_key,
+)
 from amqp_events.wire.parking import HISTORY_REPLAY
 
 logger = logging.getLogger(__name__)
@@ -229,7 +237,8 @@ def read_cursor(context: ServiceContext) -> Cursor | None:
 def replayed_copy(event: HistoricEvent, service: str, handler: Handler, replay: str) -> OutgoingMessage:
     """What a replay publishes: the event as it was fired, to ``handler``'s queue (or ordered exchange) alone."""
     message = event.message
-    headers = copy_headers(message.headers, retries=0, **{HISTORY_REPLAY: replay})
+    # Named: a service queue its event's other handlers share (per_service) would give it to each of them.
+    headers = copy_headers(message.headers, retries=0, **{HISTORY_REPLAY: replay, FOR_HANDLER: handler.task_name})
     exchange, routing_key = (
         (ordered_exchange_name(service), event.event) if handler.ordered else to_queue(handler.queue)
     )
@@ -284,8 +293,8 @@ class Batches:
 
     def __init__(self, publisher: BatchPublisher, replay: str) -> None:
         self.publisher, self.replay = publisher, replay
-        #: Per handler queue: the event and the entries gathered, and their size in bytes.
-        self.gathered: dict[str, tuple[str, list[bytes], int]] = {}
+        #: Per handler (its queue and task name): the event and the entries gathered, and their size in bytes.
+        self.gathered: dict[tuple[str, str], tuple[str, list[bytes], int]] = {}
         #: Events sent whose confirms were not counted yet.
         self.unconfirmed = 0
 
@@ -294,14 +303,15 @@ class Batches:
         entry = batch.entry(copy.headers, copy.body) if copy.content_type == JSON else None
         if entry is None:
             return False
-        event, entries, size = self.gathered.get(copy.routing_key) or (handler.event, [], 0)
+        to = (copy.routing_key, handler.task_name)
+        event, entries, size = self.gathered.get(to) or (handler.event, [], 0)
         if entries and size + len(entry) > batch.MAX_BYTES:
-            self._send(copy.routing_key)
+            self._send(to)
             entries, size = [], 0
         entries.append(entry)
-        self.gathered[copy.routing_key] = (event, entries, size + len(entry))
+        self.gathered[to] = (event, entries, size + len(entry))
         if len(entries) >= batch.MAX_EVENTS:
-            self._send(copy.routing_key)
+            self._send(to)
         return True
 
     def publish_alone(self, copy: OutgoingMessage) -> None:
@@ -310,8 +320,8 @@ class Batches:
 
     def confirmed(self) -> int:
         """Send what is gathered, wait for every confirm; returns the events they carried."""
-        for queue in list(self.gathered):
-            self._send(queue)
+        for to in list(self.gathered):
+            self._send(to)
         self.publisher.wait()
         _, refused, returned = self.publisher.results()
         if refused:
@@ -323,9 +333,11 @@ class Batches:
         events, self.unconfirmed = self.unconfirmed, 0
         return events
 
-    def _send(self, queue: str) -> None:
-        event, entries, _ = self.gathered.pop(queue)
-        self.publisher.publish(batch.batch_message(queue, event, entries, {HISTORY_REPLAY: self.replay}))
+    def _send(self, to: tuple[str, str]) -> None:
+        event, entries, _ = self.gathered.pop(to)
+        queue, task = to
+        headers = {HISTORY_REPLAY: self.replay, FOR_HANDLER: task}
+        self.publisher.publish(batch.batch_message(queue, event, entries, headers))
         self.unconfirmed += len(entries)
 
 

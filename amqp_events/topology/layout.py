@@ -43,6 +43,7 @@ from amqp_events.topology.names import (
     event_of,
     event_queue_name,
     owner_of,
+    service_queue_name,
 )
 
 #: How a queue dead-letters (its dead-letter exchange and routing key).
@@ -236,7 +237,24 @@ def event_queue(service: str, task: str, settings: Settings) -> tuple[Queue, lis
         auto_delete=False,
         queue_arguments=consumed_queue_arguments(name, settings),
     )
-    return queue, delivery_bindings(queue, event, settings)
+    return queue, delivery_bindings(queue, (event,), settings)
+
+
+def service_queue(service: str, events: list[str], settings: Settings) -> tuple[Queue, list[Binding]]:
+    """The one queue of ``service``'s handlers of ``events`` (``amqp_events_queue_layout = "per_service"``),
+    bound to the events exchange with each, and its delivery bindings."""
+    name = service_queue_name(service)
+    exchange = events_exchange(settings)
+    queue = Queue(
+        name,
+        exchange=exchange,
+        routing_key=events[0],
+        durable=True,
+        auto_delete=False,
+        queue_arguments=consumed_queue_arguments(name, settings),
+    )
+    more = [Binding(exchange, queue, event) for event in events[1:]]
+    return queue, [*more, *delivery_bindings(queue, events, settings)]
 
 
 def consumed_queue_arguments(name: str, settings: Settings) -> dict[str, object]:
@@ -290,11 +308,11 @@ def dead_letter_routes(service: str, consumed: list[Queue], archive: Queue) -> t
     return exchange, expired
 
 
-def delivery_bindings(queue: Queue, event: str | None, settings: Settings) -> list[Binding]:
-    """What the delivery exchange brings ``queue``: delayed fires of ``event``, and copies sent to it alone."""
+def delivery_bindings(queue: Queue, events: tuple[str, ...] | list[str], settings: Settings) -> list[Binding]:
+    """What the delivery exchange brings ``queue``: delayed fires of ``events``, and copies sent to it alone."""
     delivery = delivery_exchange(settings)
     return [
-        *([Binding(delivery, queue, delays.destination_pattern(delays.event_destination(event)))] if event else []),
+        *(Binding(delivery, queue, delays.destination_pattern(delays.event_destination(event))) for event in events),
         Binding(delivery, queue, delays.destination_pattern(delays.queue_destination(queue.name))),
     ]
 

@@ -124,6 +124,16 @@ def event_queue_name(service: str, event: str) -> str:
     return name
 
 
+def service_queue_name(service: str) -> str:
+    """The one queue of all ``service``'s (unordered) handlers, with ``amqp_events_queue_layout = "per_service"``."""
+    return f"{check_service_name(service)}.events"
+
+
+def handler_queue_name(service: str, task: str, layout: str) -> str:
+    """Where the handler ``task`` (:func:`task_name`) of ``service`` takes its events from, in ``layout``."""
+    return service_queue_name(service) if layout == "per_service" else event_queue_name(service, task)
+
+
 def archive_queue_name(service: str) -> str:
     return f"{check_service_name(service)}.archive"
 

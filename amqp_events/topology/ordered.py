@@ -54,14 +54,14 @@ def ordered_partitions(
         bindings.append(Binding(events_exchange(settings), exchange, event))
         bindings.append(Binding(delivery, exchange, delays.destination_pattern(delays.event_destination(event))))
     queues = [one_at_a_time(intake_queue_name(service), intake, "", None, settings)]
-    bindings.extend(delivery_bindings(queues[0], None, settings))
+    bindings.extend(delivery_bindings(queues[0], (), settings))
     for partition in range(settings.partitions):
         slots = [str(slot) for slot in range(partition, SLOTS, settings.partitions)]
         name = partition_queue_name(service, partition)
         queue = one_at_a_time(name, exchange, slots[0], slot_match(slots[0]), settings)
         queues.append(queue)
         bindings.extend(Binding(exchange, queue, slot, slot_match(slot)) for slot in slots[1:])
-        bindings.extend(delivery_bindings(queue, None, settings))
+        bindings.extend(delivery_bindings(queue, (), settings))
     return [intake, exchange], queues, bindings
 
 

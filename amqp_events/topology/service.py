@@ -17,20 +17,29 @@ from amqp_events.topology.layout import (
     event_queue,
     events_exchange,
     heartbeats_exchange,
+    service_queue,
 )
-from amqp_events.topology.names import check_service_name, direct_exchange_name, owner_of
+from amqp_events.topology.names import check_service_name, direct_exchange_name, event_of, owner_of
 from amqp_events.topology.ordered import ordered_partitions, parked_queues, workers_queue
 
 
 def service_topology(service: str, events: Iterable[str], settings: Settings, ordered: Iterable[str] = ()) -> Topology:
-    """The topology of ``service`` handling ``events``, those in ``ordered`` one at a time per key."""
+    """The topology of ``service`` handling ``events`` (its handlers' task names: events, and ``<event>:<name>``
+    for named handlers), those in ``ordered`` one at a time per key, its queues laid out as
+    ``settings.queue_layout`` says."""
     exchanges, queues, bindings = delay_ladder(settings)
     ordered = set(ordered)
     event_queues = []
-    for event in sorted(set(events) - ordered):
-        queue, its_bindings = event_queue(service, event, settings)
+    unordered = sorted(set(events) - ordered)
+    if settings.queue_layout == "per_service" and unordered:
+        queue, its_bindings = service_queue(service, sorted({event_of(task) for task in unordered}), settings)
         event_queues.append(queue)
         bindings.extend(its_bindings)
+    elif settings.queue_layout == "per_handler":
+        for task in unordered:
+            queue, its_bindings = event_queue(service, task, settings)
+            event_queues.append(queue)
+            bindings.extend(its_bindings)
     if ordered:
         its_exchanges, partitions, its_bindings = ordered_partitions(service, ordered, settings)
         exchanges.extend(its_exchanges)

@@ -87,6 +87,7 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "task": (_short_string, "an event name: a string of 1 to 255 bytes"),
     "id": (lambda v: v is None or _short_string(v), "a string of 1 to 255 bytes"),
     "ce-id": (lambda v: v is None or _short_string(v), "a string of 1 to 255 bytes"),
+    "for_handler": (lambda v: v is None or _short_string(v), "a handler's task name: a string of 1 to 255 bytes"),
     "retries": (_count, "a count (an integer of 0 or more)"),
     "lost_runs": (_count, "a count (an integer of 0 or more)"),
     "root_id": (_optional(str), "a string"),

@@ -42,6 +42,9 @@ DUE_AT = "due_at"
 LOST_RUNS = "lost_runs"
 SECTION_RETRIES = "section_retries"
 FAILED_SECTION = "failed_section"
+#: The task name of the one handler a copy is for (a fired event's copy per handler in a service queue shared by
+#: several handlers of its event, and every copy made of it: retries, archived copies, replays).
+FOR_HANDLER = "for_handler"
 EVENT_KEY = EVENT_KEY_HEADER
 EVENT_SLOT = EVENT_SLOT_HEADER
 #: A key is a short string, an AMQP header value.

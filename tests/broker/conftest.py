@@ -20,4 +20,5 @@ def mode(request: pytest.FixtureRequest, records: Records, monkeypatch: pytest.M
         in_memory.stop()
     else:
         fixtures = [request.getfixturevalue(name) for name in ("worker", "producer")]
-        yield BrokerMode(*fixtures, records, request.getfixturevalue("service_app"), coroutines=coroutines)
+        service_app = request.getfixturevalue("service_app")
+        yield BrokerMode(*fixtures, records, service_app, monkeypatch, coroutines=coroutines)

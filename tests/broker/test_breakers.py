@@ -160,3 +160,22 @@ def test_a_coroutine_handler_s_failures_open_its_breaker_and_its_events_wait_on_
     wait_for(lambda: len(records.all(failed=False)) >= 30, 90, what="every charge handled once the breaker closed")
     succeeded = Counter(run["tag"] for run in records.all(failed=False))
     assert len(succeeded) == 30 and set(succeeded.values()) == {1}
+
+
+@pytest.mark.timeout(180)
+def test_pausing_a_handler_that_shares_its_queue_holds_its_events_alone_and_loses_none(worker, producer, records, cli):
+    accounts = worker("accounts", env={"AMQP_EVENTS_QUEUE_LAYOUT": "per_service", "PAUSED_WAIT": "1"})
+    opened = cli("breakers", "open", "audit", app="services.accounts")
+    assert "open: 1 worker(s)" in opened.output, opened.output
+    ids = [producer.fire("test.ping", [f"held-{n}"], {}) for n in range(5)]
+    wait_for(lambda: len(records.all(service="accounts")) == 5, 30, what="the other handler running meanwhile")
+    # Each of the paused handler's events went round the delay ladder at least twice, and never ran.
+    handed_back = lambda: accounts.log().count("handed back, breaker open")  # noqa: E731
+    wait_for(lambda: handed_back() >= 10, 30, what="the paused handler's events waiting on the broker")
+    assert records.all(service="accounts.audit") == []
+    closed = cli("breakers", "close", "audit", app="services.accounts")
+    assert "close: 1 worker(s)" in closed.output, closed.output
+    wait_for(lambda: len(records.all(service="accounts.audit")) == 5, 30, what="its events run after the resume")
+    assert sorted(run["id"] for run in records.all(service="accounts.audit")) == sorted(ids)
+    assert {run["attempt"] for run in records.all()} == {1}  # a wait while paused is not an attempt
+    assert producer.archive("accounts").count() == 0

@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from contract_modes import Mode
+from contract_modes import Mode, archived_in
 from helpers import Records
 from kombu.exceptions import EncodeError
 
@@ -25,14 +25,6 @@ from amqp_events import Reason
 from amqp_events.archive import ArchivedMessage
 from amqp_events.topology import parked_queue_name
 from amqp_events.wire.message import JSON, OutgoingMessage
-
-
-def archived_in(mode: Mode, service: str, count: int) -> list[ArchivedMessage]:
-    archive = mode.archive(service)
-    mode.until(lambda: len(archive.list()) >= count)
-    found = archive.list()
-    assert len(found) == count, found
-    return found
 
 
 def waits(runs: list[dict[str, Any]]) -> list[float]:

@@ -6,7 +6,13 @@ import os
 from amqp_events.celery import events_app
 from services.behaviour import behave, maybe_coroutine
 
-app = events_app("accounts", broker_url=os.environ["BROKER_URL"], amqp_events_max_retries=2)
+app = events_app(
+    "accounts",
+    broker_url=os.environ["BROKER_URL"],
+    amqp_events_max_retries=2,
+    amqp_events_paused_wait=int(os.environ.get("PAUSED_WAIT", "30")),
+    amqp_events_history=os.environ.get("HISTORY") == "1",
+)
 
 
 @app.handler("test.ping", bind=True)
