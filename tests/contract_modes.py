@@ -15,6 +15,7 @@ from amqp_events import EventsApp, events_app
 from amqp_events.archive import Archive, ArchivedMessage
 from amqp_events.testing import wait_for
 from amqp_events.testing.in_process import InProcess, in_process
+from amqp_events.topology.names import handler_queue_name
 
 
 class Mode:
@@ -146,3 +147,8 @@ def archived_in(mode: Mode, service: str, count: int) -> list[ArchivedMessage]:
     found = archive.list()
     assert len(found) == count, found
     return found
+
+
+def queue_of(service: str, task: str) -> str:
+    """The queue of ``service``'s handler ``task`` in the layout the suite runs in (``$AMQP_EVENTS_QUEUE_LAYOUT``)."""
+    return handler_queue_name(service, task, os.environ.get("AMQP_EVENTS_QUEUE_LAYOUT") or "per_handler")

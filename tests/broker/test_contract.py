@@ -5,6 +5,7 @@ Each scenario drives the test services (``services/orders.py``,
 of the library may rely on: who handles what, how often and when, what the
 archive holds and why. Both modes must meet every assertion, so a
 difference between the in-process mode and the broker is a failing test.
+CI runs it in both queue layouts (``AMQP_EVENTS_QUEUE_LAYOUT=per_service`` the second time).
 Times: in-process they are exact (the virtual clock); on the broker a retry
 or a delay may be late, never early.
 """
@@ -17,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from contract_modes import Mode, archived_in
+from contract_modes import Mode, archived_in, queue_of
 from helpers import Records
 from kombu.exceptions import EncodeError
 
@@ -86,9 +87,9 @@ def test_after_max_retries_the_message_is_archived_with_its_record(mode, records
         "reason": Reason.MAX_RETRIES,
         "exception_type": "services.behaviour.Flaky",
         "attempts": 3,
-        "queue": "orders:test.orders_only",
+        "queue": queue_of("orders", "test.orders_only"),
         "exchange": "amqp_events.delay.00",  # the last wait (2 s) ended through the ladder's level 0
-        "routing_key": "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.queue.orders:test.orders_only",
+        "routing_key": "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.queue." + queue_of("orders", "test.orders_only"),
         "content_type": JSON,
     }
     assert archived.exception_message == "doomed failed on attempt 3"
@@ -146,7 +147,8 @@ def test_arguments_that_do_not_fit_the_handler_are_archived_unrun(mode, records)
 def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, headers, reason):
     mode.start("orders")
     event_id = str(uuid.uuid4())
-    message = OutgoingMessage("", "orders:test.ping", {**headers, "id": event_id}, body, event_id, JSON, "utf-8")
+    queue = queue_of("orders", "test.ping")
+    message = OutgoingMessage("", queue, {**headers, "id": event_id}, body, event_id, JSON, "utf-8")
     assert mode.producer.transport.publish(message)
     [archived] = archived_in(mode, "orders", 1)
     assert (archived.id, archived.reason, archived.attempts, archived.handler) == (
@@ -155,7 +157,7 @@ def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, h
         1,
         "",
     )  # as logged: attempt=1
-    assert (archived.body, archived.queue) == (body, "orders:test.ping")
+    assert (archived.body, archived.queue) == (body, queue)
 
 
 def test_a_typed_event_reaches_its_handler_as_an_instance(mode, records):
@@ -381,7 +383,7 @@ def test_a_named_handler_s_archived_event_names_it_and_its_replay_runs_it_alone(
     assert (archived.id, archived.handler, archived.queue) == (
         event_id,
         "services.accounts.audit_ping",
-        "accounts:test.ping:audit",
+        queue_of("accounts", "test.ping:audit"),
     )
     mode.deploy_fix("accounts")
     assert mode.archive("accounts").replay().replayed == [event_id]
