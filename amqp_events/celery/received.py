@@ -111,7 +111,9 @@ def entering(message: Message, context: ServiceContext, queue: Callable[[], str]
     except Exception as exc:
         return decoding_failed(exc)
     message.headers.pop("compression", None)  # the body is inflated now; a copy of it is not compressed
-    several = handling.address(context, message.headers, queue)
+    info = message.delivery_info or {}
+    sent_to = handling.sent_to_queue(info.get("exchange") or "", info.get("routing_key") or "")
+    several = handling.address(context, message.headers, queue, sent_to)
     if several:
         return Fanout(handling.one_for_each(message.headers, body, several))
     if batch.is_batch(message.headers):

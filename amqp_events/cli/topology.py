@@ -1,4 +1,4 @@
-"""``amqp-events topology show|declare|check|permissions``."""
+"""``amqp-events topology show|declare|move|retire|check|permissions``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from amqp_events.cli.context import Context, one_line_errors, pass_context
+from amqp_events.layouts import move_layout
 from amqp_events.topology import Topology
 from amqp_events.topology.check import differences, expected_bindings
 from amqp_events.topology.permissions import rabbitmqctl_commands, service_grants
@@ -109,6 +110,38 @@ def topology_retire(context: Context, discard: bool, yes: bool) -> None:
             f"nothing deleted: {len(retired.kept)} queue(s) still in use or holding messages; stop the service's "
             "workers, replay or export what they hold (or give --discard), then run it again"
         )
+
+
+@topology.command("move")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_context
+@one_line_errors
+def topology_move(context: Context, yes: bool) -> None:
+    """Move the service's waiting events into the queue layout its settings name (amqp_events_queue_layout).
+
+    Stop the service's workers first, run this with the new setting, then start its workers. Each message is
+    removed from its old queue once its copies are confirmed in the new one; an old queue is deleted once empty
+    and unread. What is addressed to an old queue by its name later (a retry on the delay ladder, a replay of an
+    archived event) reaches the new layout.
+    """
+    app = context.app
+    layout = app.events_settings.queue_layout
+    if not yes and not click.confirm(
+        f"Move service {app.service!r} on vhost {context.vhost!r} to the {layout} layout?"
+    ):
+        raise SystemExit(1)
+    moved = move_layout(app.context, app.rabbitmq)
+    for queue, count in moved.moved.items():
+        click.echo(f"moved {count} message(s) out of {queue}")
+    for queue in moved.deleted:
+        click.echo(f"deleted {queue}")
+    for queue, why in moved.kept.items():
+        click.echo(f"kept {queue}: {why}")
+    if moved.kept:
+        raise click.ClickException(
+            f"{len(moved.kept)} queue(s) of the old layout kept: stop the workers that read them, then run it again"
+        )
+    click.echo(f"service {app.service!r} is in the {layout} layout")
 
 
 @topology.command("check")

@@ -34,6 +34,7 @@ from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, deci
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.topology import delays, event_queue_name
+from amqp_events.topology.moving import task_of_queue
 from amqp_events.topology.names import is_direct_exchange, to_queue
 from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, Reason, copy_headers, event_id, is_task_body
 
@@ -72,12 +73,16 @@ def runnable(context: ServiceContext, headers: Mapping[str, Any], body: Any) -> 
     return None
 
 
-def address(context: ServiceContext, headers: dict[str, Any], queue: Callable[[], str]) -> tuple[Handler, ...]:
+def address(
+    context: ServiceContext, headers: dict[str, Any], queue: Callable[[], str], sent_to: str = ""
+) -> tuple[Handler, ...]:
     """Name in ``headers`` the handler a message is for, when its event has named handlers in this service;
     returns the handlers it must be copied to instead, when it came in for several of them (a fired event in
     the queue they share: ``amqp_events_queue_layout = "per_service"``).
 
-    A copy for one handler names it (``for_handler``; a retry, a replay keep it); a fired event is for the
+    A copy for one handler names it (``for_handler``; a retry, a replay keep it); one sent to a handler's own
+    queue by its name (``sent_to``: a retry or a replay of the per-handler layout, perhaps routed to this
+    layout's queue since: :mod:`amqp_events.topology.moving`) is for that handler; a fired event is for the
     handlers that take its event from the queue it was consumed from (``queue()``).
     """
     task = headers.get("task")
@@ -86,6 +91,10 @@ def address(context: ServiceContext, headers: dict[str, Any], queue: Callable[[]
     wanted = headers.get(FOR_HANDLER)
     if isinstance(wanted, str):
         headers["task"] = wanted
+        return ()
+    owner = context.handlers.get(task_of_queue(context.name, sent_to) or "") if sent_to else None
+    if owner is not None and owner.event == task.partition(":")[0]:
+        headers["task"] = owner.task_name
         return ()
     by_queue = context.addressed.get(task)
     if by_queue is None:
@@ -118,6 +127,19 @@ def not_an_event() -> Exception:
 
 def unknown_event(service: str, name: object) -> Exception:
     return LookupError(f"service {service!r} has no handler for event {name!r}")
+
+
+def sent_to_queue(exchange: str, routing_key: str) -> str:
+    """The queue a message was sent to alone, by its name (a retry, a replay), or ""."""
+    if is_direct_exchange(exchange):
+        return routing_key
+    if exchange != delays.DELIVERY_EXCHANGE and not exchange.startswith(f"{delays.PREFIX}.delay."):
+        return ""
+    try:  # off the delay ladder (through its last level's exchange, or the delivery exchange)
+        kind, _, name = delays.decode_routing_key(routing_key)[1].partition(".")
+    except ValueError:
+        return ""
+    return name if kind == "queue" else ""
 
 
 def origin_queue(service: str, exchange: str, routing_key: str) -> str:

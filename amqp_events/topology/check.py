@@ -15,7 +15,7 @@ from amqp_events.topology.layout import (
     Topology,
     no_delivery_limit_policy,
 )
-from amqp_events.topology.names import ordered_exchange_name
+from amqp_events.topology.names import ordered_exchange_name, service_queue_name
 
 #: (source exchange, destination, "queue" or "exchange", routing key)
 BindingKey = tuple[str, str, str, str]
@@ -106,27 +106,47 @@ def differences(
     ours = {queue.name for queue in topology.queues}
     for name, current in sorted(live.queues.items()):
         if name not in ours and _belongs_to(name, topology.service):
-            found.append(
-                Difference(
-                    "extra",
-                    "queue",
-                    name,
-                    f"no handler of this service uses it; it holds {current.get('messages', 0)} message(s)",
-                )
+            holds = f"it holds {current.get('messages', 0)} message(s)"
+            left = _left_by_a_move(topology, name)
+            detail = (
+                f"left from the {left} layout; {holds}: run `topology move`" if left else f"no handler uses it; {holds}"
             )
+            found.append(Difference("extra", "queue", name, detail))
     expected = expected_bindings(topology)
     for source, destination, _, key in sorted(expected - live.bindings):
         found.append(Difference("missing", "binding", f"{source} -> {destination} ({key})", "run `topology declare`"))
     for source, destination, kind, key in sorted(live.bindings - expected):
         if destination in ours and kind == "queue":
-            found.append(Difference("extra", "binding", f"{source} -> {destination} ({key})", "not declared by us"))
+            named = _by_name_key(key)
+            if named not in ours and _left_by_a_move(topology, named):
+                why = f"kept by `topology move`: retries and replays sent to {named} by its name come here"
+                found.append(Difference("note", "binding", f"{source} -> {destination} ({key})", why))
+            else:
+                found.append(Difference("extra", "binding", f"{source} -> {destination} ({key})", "not declared by us"))
     return found
+
+
+def _left_by_a_move(topology: Topology, queue: str) -> str:
+    """The layout whose queue of this service ``queue`` is, when it is not the topology's own one ("" if not)."""
+    service = topology.service
+    shared = service_queue_name(service)
+    if any(own.name == shared for own in topology.event_queues):
+        return "per_handler" if queue.startswith(f"{service}:") else ""
+    return "per_service" if queue == shared else ""
+
+
+def _by_name_key(key: str) -> str:
+    """The queue a routing key names (a direct exchange's key, or the ladder's ``...queue.<name>`` pattern)."""
+    marker = ".queue."
+    return key.split(marker, 1)[1] if marker in key else key
 
 
 def _belongs_to(queue: str, service: str) -> bool:
     """Is ``queue`` one of the service's kind (an event queue, a partition) or of the shared delay ladder (not the
     history stream, which another service may keep, nor a listener's private queue)?"""
-    return queue.startswith((f"{service}:", f"{ordered_exchange_name(service)}.", delays.level_name(0)[:-2]))
+    return queue == service_queue_name(service) or queue.startswith(
+        (f"{service}:", f"{ordered_exchange_name(service)}.", delays.level_name(0)[:-2])
+    )
 
 
 def _exchange_mismatches(exchange: Exchange, current: dict[str, Any]) -> list[Difference]:

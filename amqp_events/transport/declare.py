@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
@@ -13,6 +14,7 @@ from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMiss
 from amqp_events.topology.layout import (
     DELIVERY_LIMIT,
     KEPT_AS_THEY_ARE,
+    Binding,
     Topology,
     earlier_dead_lettering,
     no_delivery_limit_policy,
@@ -174,3 +176,16 @@ def _like(queue: Queue, arguments: dict[str, Any]) -> Queue:
         auto_delete=queue.auto_delete,
         queue_arguments=arguments,
     )
+
+
+def rebind(connection: Connection, bind: Iterable[Binding], unbind: Iterable[Binding]) -> None:
+    """Add the bindings ``bind``, then remove ``unbind`` (in that order: what they route is never routed
+    nowhere meanwhile); removing one that is not there does nothing."""
+    channel: Any = connection.channel()
+    try:
+        for link in bind:
+            channel.queue_bind(link.destination.name, link.source.name, link.routing_key, arguments=link.arguments)
+        for link in unbind:
+            channel.queue_unbind(link.destination.name, link.source.name, link.routing_key, arguments=link.arguments)
+    finally:
+        channel.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -14,12 +14,12 @@ from amqp.exceptions import AccessRefused, NotFound
 from kombu.exceptions import OperationalError
 
 from amqp_events.errors import PermissionRefused, PublishError, TopologyMissing
-from amqp_events.topology import Topology
+from amqp_events.topology import Binding, Topology
 from amqp_events.transport import streams
 from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReading
-from amqp_events.transport.declare import declare_topology
+from amqp_events.transport.declare import declare_topology, rebind
 from amqp_events.transport.publisher import ConfirmedBatchPublisher, Connections, Publisher
-from amqp_events.transport.retire import Retired, retire_topology
+from amqp_events.transport.retire import Retired, delete_if_idle, retire_topology
 from amqp_events.wire.message import OutgoingMessage, StoredMessage
 
 
@@ -76,6 +76,16 @@ class RabbitMQ:
         """Delete the service's own queues and exchanges (:mod:`amqp_events.transport.retire`)."""
         with self.app.connection_for_write() as connection:
             return retire_topology(connection, topology, discard)
+
+    def rebind(self, bind: Iterable[Binding], unbind: Iterable[Binding]) -> None:
+        """Add bindings, then remove others (:func:`amqp_events.transport.declare.rebind`)."""
+        with self.app.connection_for_write() as connection:
+            rebind(connection, bind, unbind)
+
+    def delete_if_idle(self, queue: str) -> str | None:
+        """Delete ``queue`` if unread and empty; otherwise say why not."""
+        with self.app.connection_for_write() as connection:
+            return delete_if_idle(connection, queue)
 
     @contextmanager
     def browse(self, queue: str) -> Iterator[Browsed]:

@@ -65,3 +65,21 @@ def retire_topology(connection: Connection, topology: Topology, discard: bool = 
         if channel.is_open:
             channel.close()
     return retired
+
+
+def delete_if_idle(connection: Connection, queue: str) -> str | None:
+    """Delete ``queue`` if nothing reads it and it holds nothing; otherwise (or if it is gone) say why not."""
+    channel: Any = connection.channel()
+    try:
+        _, messages, consumers = channel.queue_declare(queue, passive=True)
+        if consumers:
+            return f"{consumers} consumer(s) read it"
+        if messages:
+            return f"it holds {messages} message(s)"
+        channel.queue_delete(queue)
+        return None
+    except NotFound:
+        return "it is gone"
+    finally:
+        if channel.is_open:
+            channel.close()
