@@ -21,6 +21,7 @@ from bench import (
     cloud_events,
     console,
     coroutines,
+    fleet,
     handling,
     history,
     in_process,
@@ -103,6 +104,17 @@ def main() -> int:
                 results.append(cluster_bench.recovery_after_a_node_kill(bench, cluster, size))
             finally:
                 cluster.stop()
+        if wanted("fleet"):
+            cluster = LocalCluster(Path(workdir) / "fleet-cluster", 3)
+            cluster.start()
+            try:
+                results += fleet.fleet_on_a_cluster(bench, cluster, size)
+            finally:
+                cluster.stop()
+        if wanted("fifty_handlers"):
+            results.append(fleet.fifty_handlers_drain(bench, size))
+        if wanted("slow_beside_fast"):
+            results.append(fleet.slow_beside_fast(bench, size))
         if wanted("tracing"):
             results += tracing.firing(bench, size)
             results += tracing.handling(bench, size)

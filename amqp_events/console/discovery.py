@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqp_events.errors import InvalidName
-from amqp_events.topology.names import check_service_name, owner_of
+from amqp_events.topology.names import check_service_name, is_event_queue, owner_of
 
 ARCHIVE_SUFFIX = ".archive"
 
@@ -68,7 +68,7 @@ class ServiceQueues:
     @property
     def consumers(self) -> int:
         """Consumers of its event queues (a worker consumes each of them once)."""
-        return max((queue.consumers for queue in self.queues if ":" in queue.name), default=0)
+        return max((queue.consumers for queue in self.queues if is_event_queue(queue.name, self.name)), default=0)
 
 
 def services_in(listing: Iterable[Mapping[str, Any]]) -> list[ServiceQueues]:
@@ -83,7 +83,7 @@ def services_in(listing: Iterable[Mapping[str, Any]]) -> list[ServiceQueues]:
     for service in names:
         archive = f"{service}{ARCHIVE_SUFFIX}"
         own = sorted(name for name in items if name != archive and owner_of(name) == service)
-        event_queues = [items[name] for name in own if ":" in name]
+        event_queues = [items[name] for name in own if is_event_queue(name, service)]
         found.append(
             ServiceQueues(
                 service,

@@ -129,6 +129,11 @@ def service_queue_name(service: str) -> str:
     return f"{check_service_name(service)}.events"
 
 
+def is_event_queue(name: str, service: str) -> bool:
+    """Is ``name`` a queue from which ``service``'s handlers take fired events (in either layout)?"""
+    return name.startswith(f"{service}:") or name == f"{service}.events"
+
+
 def handler_queue_name(service: str, task: str, layout: str) -> str:
     """Where the handler ``task`` (:func:`task_name`) of ``service`` takes its events from, in ``layout``."""
     return service_queue_name(service) if layout == "per_service" else event_queue_name(service, task)
