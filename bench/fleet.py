@@ -48,37 +48,42 @@ def fleet_on_a_cluster(bench: Bench, cluster: LocalCluster, size: Size) -> list[
                 "restart": time.monotonic() - started,
                 "boot": booted,
             }
-    ours, theirs = figures["per_service"], figures["per_handler"]
     fleet = f"{size.fleet} services x {HANDLERS} handlers on a 3-node cluster"
+    ours, theirs = figures["per_service"], figures["per_handler"]
+    booted = f"accepting AMQP after {ours['boot']:.1f} s", f"accepting AMQP after {theirs['boot']:.1f} s"
     return [
-        Result(
-            f"quorum queues of a fleet ({fleet})",
-            f"{ours['queues']:,.0f} (per_service)",
-            f"per_handler: {theirs['queues']:,.0f}",
-            ours["queues"] / theirs["queues"],
-            "<= 0.1x",
-            ours["queues"] <= theirs["queues"] / 10,
-            {"per_service": ours["queues"], "per_handler": theirs["queues"]},
-        ),
-        Result(
+        _side_by_side(f"quorum queues of a fleet ({fleet})", figures, "queues", "{:,.0f}", "<= 0.1x"),
+        _side_by_side(
             f"memory per node for those queues (median node, MB resident) ({fleet})",
-            f"{ours['memory']:,.0f} MB (per_service)",
-            f"per_handler: {theirs['memory']:,.0f} MB",
-            ours["memory"] / theirs["memory"],
-            "<= 0.1x",
-            ours["memory"] <= theirs["memory"] / 10,
-            {"per_service": ours["memory"], "per_handler": theirs["memory"]},
+            figures, "memory", "{:,.0f} MB", "<= 0.1x",
         ),
-        Result(
+        _side_by_side(
             f"a node killed, then started until every queue has its 3 members back ({fleet})",
-            f"{ours['restart']:.1f} s (per_service; accepting AMQP after {ours['boot']:.1f} s)",
-            f"per_handler: {theirs['restart']:.1f} s (accepting AMQP after {theirs['boot']:.1f} s)",
-            theirs["restart"] / ours["restart"],
-            ">= 3x faster",
-            theirs["restart"] >= 3 * ours["restart"],
-            {"per_service": ours["restart"], "per_handler": theirs["restart"]},
+            figures, "restart", "{:.1f} s", ">= 3x faster", booted,
         ),
-    ]
+    ]  # fmt: skip
+
+
+def _side_by_side(
+    title: str,
+    figures: dict[str, dict[str, float]],
+    key: str,
+    shown: str,
+    target: str,
+    more: tuple[str, str] = ("", ""),
+) -> Result:
+    """A figure that per_service must bring to a tenth of per_handler's (or, for a time, a third)."""
+    ours, theirs = figures["per_service"][key], figures["per_handler"][key]
+    ratio, met = (theirs / ours, theirs >= 3 * ours) if "faster" in target else (ours / theirs, ours <= theirs / 10)
+    return Result(
+        title,
+        shown.format(ours) + f" (per_service{'; ' + more[0] if more[0] else ''})",
+        "per_handler: " + shown.format(theirs) + (f" ({more[1]})" if more[1] else ""),
+        ratio,
+        target,
+        met,
+        {"per_service": ours, "per_handler": theirs},
+    )
 
 
 def _wait_replicated(cluster: LocalCluster, vhost: str, members: int, timeout: float = 300) -> int:

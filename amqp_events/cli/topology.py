@@ -101,10 +101,7 @@ def topology_retire(context: Context, discard: bool, yes: bool) -> None:
     if not yes and not click.confirm(f"Delete these{warning}?"):
         raise SystemExit(1)
     retired = app.rabbitmq.retire(app.topology, discard)
-    for name in retired.deleted:
-        click.echo(f"deleted {name}")
-    for name, why in retired.kept.items():
-        click.echo(f"kept {name}: {why}")
+    _deleted_and_kept(retired.deleted, retired.kept)
     if retired.kept:
         raise click.ClickException(
             f"nothing deleted: {len(retired.kept)} queue(s) still in use or holding messages; stop the service's "
@@ -133,15 +130,19 @@ def topology_move(context: Context, yes: bool) -> None:
     moved = move_layout(app.context, app.rabbitmq)
     for queue, count in moved.moved.items():
         click.echo(f"moved {count} message(s) out of {queue}")
-    for queue in moved.deleted:
-        click.echo(f"deleted {queue}")
-    for queue, why in moved.kept.items():
-        click.echo(f"kept {queue}: {why}")
+    _deleted_and_kept(moved.deleted, moved.kept)
     if moved.kept:
         raise click.ClickException(
             f"{len(moved.kept)} queue(s) of the old layout kept: stop the workers that read them, then run it again"
         )
     click.echo(f"service {app.service!r} is in the {layout} layout")
+
+
+def _deleted_and_kept(deleted: list[str], kept: dict[str, str]) -> None:
+    for name in deleted:
+        click.echo(f"deleted {name}")
+    for name, why in kept.items():
+        click.echo(f"kept {name}: {why}")
 
 
 @topology.command("check")

@@ -46,6 +46,8 @@ class OldQueue:
 
 @dataclass(frozen=True)
 class Move:
+    """A service's move into ``layout``: the old queues, and the handlers their messages go to."""
+
     service: str
     #: The layout moved to.
     layout: str

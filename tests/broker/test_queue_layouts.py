@@ -1,5 +1,6 @@
 """The per-service queue layout (``amqp_events_queue_layout = "per_service"``): every handler of a service takes
-its events from one queue, and each keeps its guarantees, in the in-process mode and on a real broker."""
+its events from one queue, and each keeps its guarantees, in the in-process mode and on a real broker. (The whole
+contract, tests/broker/test_contract.py, runs in this layout too: scripts/test.)"""
 
 from __future__ import annotations
 
@@ -11,27 +12,6 @@ from amqp_events.history import Query
 PER_SERVICE = {"AMQP_EVENTS_QUEUE_LAYOUT": "per_service"}
 
 pytestmark = pytest.mark.parametrize("mode", ["in_process", "broker"], indirect=True)
-
-
-def test_in_one_queue_each_handler_runs_once_and_a_retry_reaches_only_the_one_that_failed(mode, records):
-    mode.start("accounts", "orders", env=PER_SERVICE)
-    event_id = mode.producer.fire("test.ping", ["shared"], {"how": {"fail_times": 2, "only": "accounts.audit"}})
-    mode.until(lambda: len(records.all(id=event_id, service="accounts.audit")) >= 3)
-    mode.quiet(("accounts", "accounts.audit", "orders"))
-    assert [run["attempt"] for run in records.all(id=event_id, service="accounts.audit")] == [1, 2, 3]
-    assert [run["attempt"] for run in records.all(id=event_id, service="accounts")] == [1]
-    assert [run["attempt"] for run in records.all(id=event_id, service="orders")] == [1]
-    assert mode.archive("accounts").list() == []
-
-
-def test_an_event_s_one_handler_retries_in_the_shared_queue_alone(mode, records):
-    mode.start("orders", "accounts", env=PER_SERVICE)
-    event_id = mode.producer.fire("test.ping", ["orders-only"], {"how": {"fail_times": 1, "only": "orders"}})
-    mode.until(lambda: len(records.all(id=event_id, service="orders")) >= 2)
-    mode.quiet(("orders", "accounts", "accounts.audit"))
-    assert [run["attempt"] for run in records.all(id=event_id, service="orders")] == [1, 2]
-    assert [run["attempt"] for run in records.all(id=event_id, service="accounts")] == [1]
-    assert [run["attempt"] for run in records.all(id=event_id, service="accounts.audit")] == [1]
 
 
 def test_an_archived_event_names_its_handler_and_its_replay_runs_that_one_alone(mode, records):
