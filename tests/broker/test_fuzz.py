@@ -99,6 +99,8 @@ KNOWN = {
     "ce-type": values,
     "ce-specversion": st.one_of(st.just("1.0"), values),
     "traceparent": values,
+    # Names a handler of the service (another event's too), one it does not have, or anything.
+    "for_handler": st.one_of(st.sampled_from(["test.ping", "test.orders_only", "test.ping:nobody"]), values),
 }
 OTHERS = {
     "compression": st.sampled_from(["application/x-gzip", "application/x-bz2", "application/x-lzma", "zstd"]),
