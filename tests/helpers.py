@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,15 +62,16 @@ class Records:
         """
         deadline = time.monotonic() + timeout
         sent = 0
+        ours = f"{BARRIER}{uuid.uuid4().hex[:8]}-"  # this call's sentinels: an earlier barrier's do not count
         while True:
-            sentinels = [line for line in self.all(barriers=True) if str(line.get("tag")).startswith(BARRIER)]
+            sentinels = [line for line in self.all(barriers=True) if str(line.get("tag")).startswith(ours)]
             by_service = {service: [line for line in sentinels if line["service"] == service] for service in services}
             if all(len({line["pid"] for line in lines}) >= workers for lines in by_service.values()):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"barrier not reached in {timeout:g}s: sentinels handled {by_service}")
             if all(len(lines) >= sent for lines in by_service.values()):  # the last sentinel arrived everywhere
-                producer.fire("test.ping", [f"{BARRIER}{sent}"], {})
+                producer.fire("test.ping", [f"{ours}{sent}"], {})
                 sent += 1
             time.sleep(0.05)
 

@@ -45,6 +45,7 @@ def test_a_history_replay_into_one_handler_of_a_shared_queue_runs_that_one_alone
     both = accounts.history().replay(Query(since=since, where={"tag": "h2"})).run()
     assert (one.replayed, both.replayed) == (1, 2)
     mode.until(lambda: len(records.all(id=ids[2], service="accounts")) == 2)
+    mode.until(lambda: len(records.all(id=ids[2], service="accounts.audit")) == 2)
     mode.until(lambda: len(records.all(id=ids[1], service="accounts.audit")) == 2)
     mode.quiet(("accounts", "accounts.audit"))
     assert [len(records.all(id=event_id, service="accounts.audit")) for event_id in ids] == [1, 2, 2]
