@@ -30,6 +30,7 @@ VARIABLES: dict[str, str] = {
     "AMQP_EVENTS_CONSOLE_USERS": "the console's users: name:role:hash, comma-separated",
     "AMQP_EVENTS_CONSOLE_TOKEN": "a bearer token of the console's operator role, for scripts",
     "AMQP_EVENTS_CONSOLE_READ_TOKEN": "a bearer token of the console's read-only role",
+    "AMQP_EVENTS_CONSOLE_AUDIT_FILE": "the file the console keeps its event log in (its --audit-file)",
     "AMQP_EVENTS_RABBITMQ": "the RabbitMQ line (3.10 or 4.0) `amqp-events broker start` and the test suite run",
     "AMQP_EVENTS_RABBITMQ_ROOTS": "where `amqp-events broker install` keeps the other RabbitMQ lines",
 }

@@ -45,11 +45,13 @@ class Size:
     latency_samples: int
     #: Messages in an archive the console shows (the default archive's bound).
     archived: int = 10_000
+    #: Services whose archives the console shows (bench/console.py).
+    console_services: int = 10
     #: Services of 50 handlers each in the fleet declared on a cluster (bench/fleet.py).
     fleet: int = 40
 
 
-QUICK = Size(3, 150, 2000, 2000, 1000, 500, 200, 1000, 3, 1, 30, archived=1000, fleet=2)
+QUICK = Size(3, 150, 2000, 2000, 1000, 500, 200, 1000, 3, 1, 30, archived=1000, fleet=2, console_services=2)
 FULL = Size(9, 1000, 20000, 20000, 10000, 5000, 1000, 10000, 20, 3, 200)
 
 

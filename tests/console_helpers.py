@@ -21,10 +21,16 @@ class Console:
     """``amqp-events console`` in a process of its own, stopped by its PID."""
 
     def __init__(
-        self, broker_url: str, management_url: str, bind: str, env: dict[str, str] | None = None, app: str = ""
+        self,
+        broker_url: str,
+        management_url: str,
+        bind: str,
+        env: dict[str, str] | None = None,
+        app: str = "",
+        options: tuple[str, ...] = ("--refresh", "0.5"),
     ) -> None:
         command = [AMQP_EVENTS, *(["-A", app] if app else []), "--broker", broker_url,
-                   "--management-url", management_url, "console", "--bind", bind]  # fmt: skip
+                   "--management-url", management_url, "console", "--bind", bind, *options]  # fmt: skip
         environment = {**os.environ, **(env or {})}
         self.url = f"http://{bind}"
         self.process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -21,14 +21,15 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import IO
+from typing import IO, Any
 
+from amqp_events.archive.grouping import group_of
 from amqp_events.core.context import Replay, ServiceContext
 from amqp_events.core.settle import publish_routed
 from amqp_events.topology import archive_queue_name
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.archived import ArchivedMessage
-from amqp_events.wire.message import OutgoingMessage, copy_headers
+from amqp_events.wire.message import JSON, OutgoingMessage, copy_headers, json_body
 from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED
 
 
@@ -42,6 +43,8 @@ class Selection:
     limit: int | None = None
     #: Archived at this time or later.
     since: datetime | None = None
+    #: Of this failure group (:mod:`amqp_events.archive.grouping`).
+    group: str | None = None
 
     @classmethod
     def of(
@@ -51,8 +54,9 @@ class Selection:
         reason: str | None = None,
         limit: int | None = None,
         since: datetime | None = None,
+        group: str | None = None,
     ) -> Selection:
-        return cls(frozenset(ids), event, reason, limit, since)
+        return cls(frozenset(ids), event, reason, limit, since, group)
 
     @classmethod
     def exactly(cls, entries: Iterable[ArchivedMessage]) -> Selection:
@@ -66,7 +70,13 @@ class Selection:
             and (self.event is None or archived.event == self.event)
             and (self.reason is None or archived.reason == self.reason)
             and (self.since is None or (archived.archived_at is not None and archived.archived_at >= self.since))
+            and (self.group is None or group_of(archived) == self.group)
         )
+
+    @property
+    def chooses(self) -> bool:
+        """Does it choose anything narrower than the whole archive (ids, an event, a reason, a time, a group)?"""
+        return bool(self.ids or self.event or self.reason or self.since or self.group)
 
 
 EVERYTHING = Selection()
@@ -153,6 +163,26 @@ class Archive:
             for after in middleware.after_replay:
                 after(replay, None)
         return routed
+
+    def retry_edited(
+        self, message_id: str, args: builtins.list[Any], kwargs: dict[str, Any], replayed_by: str = ""
+    ) -> ArchivedMessage | None:
+        """Replay one archived message with other arguments (a data fix), as :meth:`replay` does: removed only
+        once its edited copy is confirmed. Returns the original (``None``: no such message); ``ValueError``
+        when its body is not an event's (nothing to edit) or its queue is gone."""
+        by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
+        with self._browse() as messages:
+            for archived, remove in _take(messages, Selection.of(ids=[message_id], limit=1)):
+                if archived.arguments is None:
+                    raise ValueError(f"{message_id}: its body is not an event's arguments: it cannot be edited")
+                embed = archived.payload[2]
+                body = json_body([args, kwargs, embed])
+                edited = replace(archived, body=body, content_type=JSON, content_encoding="utf-8")
+                if not self._send_back(edited, False, by):
+                    raise ValueError(f"{message_id}: its queue {archived.queue!r} no longer exists")
+                remove()
+                return archived
+        return None
 
     def purge(self, selection: Selection = EVERYTHING) -> builtins.list[str]:
         """Delete matching messages for good; returns their ids.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import click
 
@@ -24,10 +25,32 @@ from amqp_events.console.security import Access, allowed_hosts, hash_password, r
     metavar="ADDRESS",
     help="The reverse proxy in front of the console: only its X-Forwarded-For is believed (for the audit trail).",
 )
+@click.option(
+    "--refresh",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0.2, 3600),
+    metavar="SECONDS",
+    help="How often the vhost is read again (the pages' figures follow without a reload).",
+)
+@click.option(
+    "--audit-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="AMQP_EVENTS_CONSOLE_AUDIT_FILE",
+    help="Keep the event log (every change made through the console) in this file, as JSON lines.",
+)
 @click.pass_context
 @one_line_errors
-def console(ctx: click.Context, bind: str, host_names: tuple[str, ...], proxy: str | None) -> None:
-    """Serve the console: every service of the vhost, their archives, replay, purge, pause and resume.
+def console(
+    ctx: click.Context,
+    bind: str,
+    host_names: tuple[str, ...],
+    proxy: str | None,
+    refresh: float,
+    audit_file: Path | None,
+) -> None:
+    """Serve the console: the services of the vhost at a glance, failures grouped by cause, replay (of a group,
+    or of one message with edited arguments), purge, pause and resume, the event log of what was done.
 
     Off a loopback address it needs credentials (AMQP_EVENTS_CONSOLE_USERS, AMQP_EVENTS_CONSOLE_TOKEN,
     AMQP_EVENTS_CONSOLE_READ_TOKEN: see docs/guides/console.md).
@@ -37,6 +60,7 @@ def console(ctx: click.Context, bind: str, host_names: tuple[str, ...], proxy: s
     try:
         import uvicorn
 
+        from amqp_events.console.audit import AuditTrail
         from amqp_events.console.fleet import Fleet
         from amqp_events.console.web import console_app
     except ImportError as exc:
@@ -54,7 +78,8 @@ def console(ctx: click.Context, bind: str, host_names: tuple[str, ...], proxy: s
         raise click.ClickException(refused)
     context = current_context()
     app = context.app_or_any("console")
-    fleet = Fleet(app, context.management, context.vhost, own=bool(context.app_name))
+    own = bool(context.app_name)
+    fleet = Fleet(app, context.management, context.vhost, own, refresh, AuditTrail(audit_file))
     click.echo(f"console of vhost {context.vhost!r} on http://{bind}/", err=True)
     uvicorn.run(
         console_app(fleet, access, allowed_hosts(host, host_names)),

@@ -7,6 +7,13 @@
 ``POST /api/services/{service}/archive/replay``           replay ``{"ids": [...]}`` or ``{"event", "reason", "since"}``
 ``POST /api/services/{service}/archive/purge``            the same choice, and ``"confirm": "<service>"``
 ``POST /api/services/{service}/handlers/{handler}/pause``  pause a handler in every worker (``resume``: again)
+``GET  /api/fleet``                                       one row per service, those with a problem first
+``GET  /api/services/{service}/groups``                   the archive's failures grouped by cause
+``GET  /api/services/{service}/groups/{id}``              one group, with its members and their arguments
+``POST /api/services/{service}/groups/{id}/replay``       replay every message of a group (``purge``: with
+                                                          ``"confirm": "<service>"``)
+``POST /api/services/{service}/archive/{id}/retry``       replay one with edited ``{"args": [], "kwargs": {}}``
+``GET  /api/audit``                                       the event log (``?service=&who=&action=&limit=``)
 ========================================================  ==========================================
 """
 
@@ -25,7 +32,8 @@ from starlette.routing import Route
 from amqp_events.archive import Selection
 from amqp_events.clock import parse_moment
 from amqp_events.console.fleet import Fleet
-from amqp_events.errors import SteeringError
+from amqp_events.console.index import Snapshot
+from amqp_events.errors import BadArguments, SteeringError
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import Reason
 
@@ -105,7 +113,7 @@ async def archived_one(request: Request) -> JSONResponse:
 
 async def replay(request: Request) -> JSONResponse:
     selection = chosen(await body_of(request))
-    if not (selection.ids or selection.event or selection.reason or selection.since):
+    if not selection.chooses:
         raise HTTPException(400, "choose what to replay: ids, or an event, a reason or a time")
     replayed = await run_in_threadpool(fleet_of(request).replay, request.path_params["service"], selection, by(request))
     if selection.ids and not any(replayed.values()):
@@ -115,16 +123,96 @@ async def replay(request: Request) -> JSONResponse:
 
 async def purge(request: Request) -> JSONResponse:
     values = await body_of(request)
-    service = request.path_params["service"]
-    if values.get("confirm") != service:
-        raise HTTPException(400, f"a purge cannot be undone: confirm it with the service's name, {service!r}")
+    service = confirmed(values, request.path_params["service"])
     selection = chosen(values)
-    if not (selection.ids or selection.event or selection.reason or selection.since):
+    if not selection.chooses:
         raise HTTPException(400, "choose what to purge: ids, or an event, a reason or a time")
     purged = await run_in_threadpool(fleet_of(request).purge, service, selection, by(request))
     if selection.ids and not purged:
         raise HTTPException(404, f"no archived message with the id(s) {', '.join(sorted(selection.ids))}")
     return JSONResponse({"purged": purged})
+
+
+def confirmed(values: dict[str, Any], service: str) -> str:
+    if values.get("confirm") != service:
+        raise HTTPException(400, f"a purge cannot be undone: confirm it with the service's name, {service!r}")
+    return service
+
+
+async def fleet(request: Request) -> JSONResponse:
+    rows = await run_in_threadpool(fleet_of(request).rows)
+    reading = fleet_of(request).reading()
+    return JSONResponse(
+        {
+            "read_at": reading.at.isoformat(),
+            "delayed": reading.delayed,
+            "services": [row.summary() for row in rows],
+        }
+    )
+
+
+async def groups(request: Request) -> JSONResponse:
+    snapshot = await run_in_threadpool(fleet_of(request).snapshot, request.path_params["service"])
+    return JSONResponse({**read_at(snapshot), "groups": [group.summary() for group in snapshot.groups]})
+
+
+async def group(request: Request) -> JSONResponse:
+    snapshot = await run_in_threadpool(fleet_of(request).snapshot, request.path_params["service"])
+    found = snapshot.group(request.path_params["id"])
+    if found is None:
+        raise HTTPException(404, f"no failure group {request.path_params['id']!r} in {snapshot.service}'s archive")
+    members = [entry.summary() for entry in snapshot.members(found.id)]
+    return JSONResponse({**read_at(snapshot), **found.summary(), "members": members})
+
+
+def read_at(snapshot: Snapshot) -> dict[str, Any]:
+    return {"read_at": snapshot.read_at.isoformat() if snapshot.read_at else None, "archived": snapshot.count}
+
+
+async def replay_group(request: Request) -> JSONResponse:
+    service, group_id = request.path_params["service"], request.path_params["id"]
+    selection = Selection.of(group=group_id)
+    target = f"group {group_id}"
+    replayed = await run_in_threadpool(fleet_of(request).replay, service, selection, by(request), target)
+    if not any(replayed.values()):
+        raise HTTPException(404, f"no archived message of the group {group_id!r}")
+    return JSONResponse(replayed)
+
+
+async def purge_group(request: Request) -> JSONResponse:
+    service, group_id = confirmed(await body_of(request), request.path_params["service"]), request.path_params["id"]
+    selection = Selection.of(group=group_id)
+    target = f"group {group_id}"
+    purged = await run_in_threadpool(fleet_of(request).purge, service, selection, by(request), target)
+    if not purged:
+        raise HTTPException(404, f"no archived message of the group {group_id!r}")
+    return JSONResponse({"purged": purged})
+
+
+async def retry_edited(request: Request) -> JSONResponse:
+    """Replay one archived message with edited arguments, once they fit its handler."""
+    values = await body_of(request)
+    args, kwargs = values.get("args", []), values.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise HTTPException(400, 'the arguments: {"args": [...], "kwargs": {...}}')
+    service, message_id = request.path_params["service"], request.path_params["id"]
+    try:
+        done = await run_in_threadpool(fleet_of(request).retry_edited, service, message_id, args, kwargs, by(request))
+    except (BadArguments, ValueError) as exc:
+        raise HTTPException(400, f"not sent: {exc}") from None
+    if not done:
+        raise HTTPException(404, f"no archived message {message_id!r}")
+    return JSONResponse({"retried": message_id})
+
+
+async def audit(request: Request) -> JSONResponse:
+    query = request.query_params
+    try:
+        limit = int(query.get("limit") or 500)
+    except ValueError:
+        raise HTTPException(400, "limit: a whole number") from None
+    found = fleet_of(request).audit.records(query.get("service"), query.get("who"), query.get("action"), limit)
+    return JSONResponse({"records": [asdict(record) for record in found]})
 
 
 async def pause(request: Request) -> JSONResponse:
@@ -164,6 +252,13 @@ def by(request: Request) -> str:
 
 
 routes = [
+    Route("/api/fleet", fleet),
+    Route("/api/audit", audit),
+    Route("/api/services/{service}/groups", groups),
+    Route("/api/services/{service}/groups/{id}", group),
+    Route("/api/services/{service}/groups/{id}/replay", replay_group, methods=["POST"]),
+    Route("/api/services/{service}/groups/{id}/purge", purge_group, methods=["POST"]),
+    Route("/api/services/{service}/archive/{id}/retry", retry_edited, methods=["POST"]),
     Route("/api/services", services),
     Route("/api/services/{service}/archive", archive),
     Route("/api/services/{service}/archive/replay", replay, methods=["POST"]),

@@ -90,8 +90,8 @@ def services_in(listing: Iterable[Mapping[str, Any]]) -> list[ServiceQueues]:
                 int(items[archive].get("messages") or 0),
                 tuple(QueueState.of(items[name]) for name in own),
                 _samples(items[archive].get("messages_details")),
-                _increments(
-                    _summed(_samples((item.get("message_stats") or {}).get("ack_details")) for item in event_queues)
+                increments(
+                    summed(_samples((item.get("message_stats") or {}).get("ack_details")) for item in event_queues)
                 ),
             )
         )
@@ -105,12 +105,12 @@ def _samples(details: Any) -> Series:
     return tuple(sorted(points))
 
 
-def _increments(counts: Series) -> Series:
+def increments(counts: Series) -> Series:
     """A running count's growth between consecutive samples, at the later one (a counter reset counts 0)."""
     return tuple((later, max(0.0, value - before)) for (_, before), (later, value) in itertools.pairwise(counts))
 
 
-def _summed(all_series: Iterable[Series]) -> Series:
+def summed(all_series: Iterable[Series]) -> Series:
     """Several series added up at each time any of them has a point."""
     totals: dict[float, float] = {}
     for series in all_series:

@@ -1,5 +1,8 @@
 """What the console reads and changes on one vhost, through the library's own operations (the same code as the
-CLI's ``archive``, ``breakers`` and ``topology`` commands), each change logged with who made it."""
+CLI's ``archive``, ``breakers`` and ``topology`` commands), each change recorded in the event log with who made it.
+
+Pages read the latest reading of the vhost (:mod:`amqp_events.console.watch`), renewed in the background; a
+change reads its service's archive again at once, so the page shown after it shows its effect."""
 
 from __future__ import annotations
 
@@ -12,10 +15,15 @@ from typing import TYPE_CHECKING, Any
 from amqp_events.archive import Archive, Selection
 from amqp_events.celery import control
 from amqp_events.celery.heartbeats import Beats, listen
+from amqp_events.console.audit import AuditTrail
 from amqp_events.console.discovery import ServiceQueues, services_in
-from amqp_events.errors import UnknownService
+from amqp_events.console.index import ArchiveIndex, Snapshot
+from amqp_events.console.overview import ServiceRow, by_urgency, service_row
+from amqp_events.console.watch import Reading, Watch
+from amqp_events.core.arguments import by_name, check_arguments
+from amqp_events.errors import BadArguments, UnknownService
 from amqp_events.inbox.prune import prunable_stores
-from amqp_events.topology.names import HISTORY_STREAM, is_partition_queue
+from amqp_events.topology.names import is_partition_queue
 from amqp_events.transport.management import ManagementAPI
 from amqp_events.wire.archived import ArchivedMessage
 
@@ -23,23 +31,35 @@ if TYPE_CHECKING:
     from amqp_events.celery import EventsApp
 
 logger = logging.getLogger(__name__)
-#: Every change made through the console: who, what, on which service (the audit trail).
-audit = logging.getLogger("amqp_events.console.audit")
 
 
 class Fleet:
     """The services of the vhost of ``app``'s broker, as the management API ``management`` sees them."""
 
-    def __init__(self, app: EventsApp, management: ManagementAPI, vhost: str, own: bool = False) -> None:
+    def __init__(
+        self,
+        app: EventsApp,
+        management: ManagementAPI,
+        vhost: str,
+        own: bool = False,
+        refresh: float = 5.0,
+        audit: AuditTrail | None = None,
+    ) -> None:
         self.app, self.management, self.vhost = app, management, vhost
         #: ``app`` is a service's own (``-A``): its outbox and inboxes are shown too.
         self.own = own
+        #: Seconds between two readings of the vhost (the pages' figures are at most this old).
+        self.refresh = refresh
+        self.audit = audit or AuditTrail()
+        self.index = ArchiveIndex(app.context.transport)
+        self.watch = Watch(management, vhost, self.index, app.context, refresh)
         #: The latest heartbeat of each online worker, by (service, worker), once :meth:`listen` runs.
         self.beats: Beats = {}
         self._stop = threading.Event()
 
     def listen(self) -> None:
-        """Keep :attr:`beats` up to date in the background (one heartbeat interval at a time)."""
+        """Keep :attr:`beats` and the reading of the vhost up to date in the background."""
+        self.watch.start()
 
         def forever() -> None:
             while not self._stop.is_set():
@@ -53,6 +73,31 @@ class Fleet:
 
     def stop(self) -> None:
         self._stop.set()
+        self.watch.stop()
+
+    def reading(self) -> Reading:
+        return self.watch.latest()
+
+    def rows(self) -> list[ServiceRow]:
+        """One row per service of the latest reading, those with a problem first."""
+        reading = self.reading()
+        return by_urgency(
+            [
+                service_row(
+                    service,
+                    self.index.snapshot(service.name),
+                    self.workers(service.name),
+                    reading.archive_rate(service.name),
+                    reading.replays.get(service.name),
+                )
+                for service in reading.services
+            ]
+        )
+
+    def snapshot(self, service: str) -> Snapshot:
+        """``service``'s archive as last read (read now if it never was)."""
+        self.service(service)
+        return self.index.snapshot(service) or self.index.refresh(service)
 
     def workers(self, service: str) -> dict[str, dict[str, Any]]:
         """The online workers of ``service`` heard lately, by name: their breakers' and health checks' states."""
@@ -65,17 +110,15 @@ class Fleet:
         return [replace(service, archived=self.app.archive(service.name).count()) for service in found]
 
     def service(self, name: str) -> ServiceQueues:
-        """The service ``name`` as the management API lists it (its archive not counted: only :meth:`services`
-        counts, for the overview)."""
-        listed = services_in(self.management.queues(self.vhost))
-        found = next((service for service in listed if service.name == name), None)
+        """The service ``name`` as the latest reading found it (or, if it did not, as the management API lists it
+        now); :class:`UnknownService` if it has no archive."""
+        found = self.reading().service(name)
+        if found is None:
+            listed = services_in(self.management.queues(self.vhost))
+            found = next((service for service in listed if service.name == name), None)
         if found is None:
             raise UnknownService(f"no service {name!r} on this vhost (none has a queue {name}.archive)")
         return found
-
-    def history(self) -> dict[str, Any] | None:
-        """The management API's record of the vhost's history stream, if there is one."""
-        return next((item for item in self.management.queues(self.vhost) if item["name"] == HISTORY_STREAM), None)
 
     def databases(self) -> dict[str, Any] | None:
         """The ``-A`` app's outbox (when ``amqp_events_outbox_url`` names it) and its handlers' inboxes: what
@@ -123,20 +166,77 @@ class Fleet:
     def archived(self, service: str, selection: Selection) -> list[ArchivedMessage]:
         return self.archive(service).list(selection)
 
-    def replay(self, service: str, selection: Selection, by: str) -> dict[str, list[str]]:
+    def replay(self, service: str, selection: Selection, by: str, target: str = "") -> dict[str, list[str]]:
         report = self.archive(service).replay(selection, replayed_by=by)
-        audit.warning("%s replayed %d message(s) of %s: %s", by, len(report.replayed), service, report.replayed)
+        self._changed(by, "replay", service, target or f"{len(report.replayed)} message(s)", ids=report.replayed)
         return {"replayed": report.replayed, "unroutable": report.unroutable}
 
-    def purge(self, service: str, selection: Selection, by: str) -> list[str]:
+    def purge(self, service: str, selection: Selection, by: str, target: str = "") -> list[str]:
         purged = self.archive(service).purge(selection)
-        audit.warning("%s purged %d message(s) of %s: %s", by, len(purged), service, purged)
+        self._changed(by, "purge", service, target or f"{len(purged)} message(s)", ids=purged)
         return purged
+
+    def retry_edited(self, service: str, message_id: str, args: list[Any], kwargs: dict[str, Any], by: str) -> bool:
+        """Replay archived message ``message_id`` with ``args`` and ``kwargs`` instead of its own, once they fit
+        its handler (:class:`BadArguments` if not); False when there is no such message."""
+        archive = self.archive(service)
+        original = archive.get(message_id)
+        if original is None:
+            return False
+        self.fits(service, original.handler, original.arguments, args, kwargs)
+        if archive.retry_edited(message_id, args, kwargs, replayed_by=by) is None:
+            return False  # replayed or purged by someone else meanwhile
+        before = dict(zip(("args", "kwargs"), original.arguments or ([], {}), strict=True))
+        self._changed(
+            by, "edit", service, f"message {message_id}", before=before, after={"args": args, "kwargs": kwargs}
+        )
+        return True
+
+    def fits(
+        self,
+        service: str,
+        handler_name: str,
+        original: tuple[list[Any], dict[str, Any]] | None,
+        args: list[Any],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Refuse (:class:`BadArguments`) arguments the handler cannot take: checked against its signature when
+        the console runs with the service's app (``-A``), else against the original's (same names, same count)."""
+        handler = self._own_handler(service, handler_name)
+        if handler is not None:
+            args_t = tuple(args)
+            handler.fit(args_t, kwargs)
+            if handler.event_class is None and not handler.leading_parameters:
+                named = by_name(handler.signature, args_t, kwargs)
+                try:
+                    check_arguments(handler.event, handler.signature, named or {})
+                except TypeError as exc:
+                    raise BadArguments(str(exc)) from None
+            return
+        if original is None:
+            raise BadArguments("its body is not an event's arguments: it cannot be edited")
+        if len(args) != len(original[0]) or set(kwargs) != set(original[1]):
+            raise BadArguments(
+                f"without the service's app (amqp-events -A ... console) the console knows {handler_name}'s "
+                f"arguments only from the archived message: keep {len(original[0])} positional and the names "
+                f"{sorted(original[1])}, change only their values"
+            )
+
+    def _own_handler(self, service: str, handler_name: str) -> Any:
+        if not self.own or self.app.service != service:
+            return None
+        self.app.loader.import_default_modules()
+        return next((handler for handler in self.app.handlers.values() if handler.name == handler_name), None)
 
     def steer(self, service: str, handler: str, action: str, by: str, wait: float = 3.0) -> dict[str, list[str]]:
         """Pause (``open``) or resume (``close``) ``handler`` in every live worker of ``service``; the handlers
         each worker matched, by worker."""
         self.service(service)
         matched = control.steer(self.app, service, handler, action, wait)
-        audit.warning("%s: breaker %s of %s.%s on %s", by, action, service, handler, sorted(matched) or "no worker")
+        verb = "pause" if action == "open" else "resume"
+        self.audit.record(by, verb, service, f"handler {handler}", workers=sorted(matched))
         return matched
+
+    def _changed(self, by: str, action: str, service: str, target: str, **detail: Any) -> None:
+        self.audit.record(by, action, service, target, **detail)
+        self.index.refresh(service)  # the next page shows the change

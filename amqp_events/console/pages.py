@@ -1,31 +1,39 @@
-"""The console's pages: the overview of every service, and a service's archive (Jinja2 templates, no build step).
-What the pages change, they change through the JSON API (:mod:`amqp_events.console.api`)."""
+"""The console's pages: the fleet at a glance, a service (its failures by cause, its archive, workers and queues),
+a failure group, and the event log (Jinja2 templates; Pico CSS and uPlot shipped in the package, no build step).
+
+Every page is made from the latest reading of the vhost and the archives' index (no browse while an operator
+waits) and marks the parts that change with ``data-live``: the page's script fetches it again every refresh
+interval and swaps those parts in. What the pages change, they change through the JSON API
+(:mod:`amqp_events.console.api`).
+"""
 
 from __future__ import annotations
 
-from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from amqp_events.archive import Selection
-from amqp_events.console import chart
-from amqp_events.console.api import REASONS, chosen, detail, fleet_of
-from amqp_events.console.discovery import ServiceQueues
+from amqp_events.clock import parse_moment
+from amqp_events.console.api import REASONS, fleet_of
+from amqp_events.console.discovery import ServiceQueues, increments, summed
 from amqp_events.console.fleet import Fleet
-from amqp_events.errors import ManagementError
+from amqp_events.console.index import Entry
+from amqp_events.topology.names import service_queue_name
 
-templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-#: Messages an archive page lists at most (the API lists more; "Replay all matching" takes every one).
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=HERE / "templates")
+#: Messages a service's page lists at most (the API lists more; "Replay all matching" takes every one).
 PAGE_LIMIT = 500
-#: The span of the overview's charts (seconds).
-CHART_SPAN = 3600
+ACTIONS = ("replay", "purge", "edit", "pause", "resume")
 
 
 async def overview(request: Request) -> Response:
@@ -33,64 +41,127 @@ async def overview(request: Request) -> Response:
 
 
 def _overview(request: Request, fleet: Fleet) -> Response:
-    services = fleet.services(samples_for=CHART_SPAN)
-    by_reason = {
-        service.name: sorted(Counter(m.reason for m in fleet.archived(service.name, Selection())).items())
-        for service in services
-    }
-    history = fleet.history()
-    try:
-        nodes = fleet.management.nodes()
-    except ManagementError:  # a user without the monitoring tag may not list nodes
-        nodes = []
+    reading = fleet.reading()
     context = {
         "vhost": fleet.vhost,
-        "services": services,
-        "by_reason": by_reason,
-        "charts": {service.name: _chart(service) for service in services},
-        "workers": {service.name: fleet.workers(service.name) for service in services},
-        "heartbeat_window": round(2 * fleet.app.events_settings.heartbeat_interval),
-        "history": history,
+        "reading": reading,
+        "failure": fleet.watch.failure,
+        "rows": fleet.rows(),
+        "chart": chart(list(reading.services)),
         "databases": fleet.databases(),
-        "nodes": nodes,
     }
-    return page(request, "overview.html", services, context)
+    return page(request, "overview.html", context)
 
 
-async def archive(request: Request) -> Response:
-    return await run_in_threadpool(_archive, request, fleet_of(request))
+async def service(request: Request) -> Response:
+    return await run_in_threadpool(_service, request, fleet_of(request))
 
 
-def _archive(request: Request, fleet: Fleet) -> Response:
-    service = request.path_params["service"]
+def _service(request: Request, fleet: Fleet) -> Response:
+    name = request.path_params["service"]
+    found = fleet.service(name)
+    snapshot = fleet.snapshot(name)
     filters = dict(request.query_params)
-    selection = chosen(filters, default_limit=PAGE_LIMIT)
-    messages = [detail(message) for message in fleet.archived(service, selection)]
-    wanted = {name: filters[name] for name in ("event", "reason", "since") if filters.get(name)}
+    wanted = {key: filters[key] for key in ("event", "reason", "since") if filters.get(key)}
     context = {
-        "service": service,
-        "messages": messages,
+        "service": name,
+        "snapshot": snapshot,
+        "row": next((row for row in fleet.rows() if row.name == name), None),
+        "messages": _matching(snapshot.entries, wanted),
         "filters": filters,
         "filters_query": urlencode(wanted),
         "reasons": sorted(REASONS),
-        "parked": fleet.parked(service),
+        "parked": fleet.parked(name),
+        "workers": fleet.workers(name),
+        "heartbeat_window": round(2 * fleet.app.events_settings.heartbeat_interval),
+        "per_service": any(queue.name == service_queue_name(name) for queue in found.queues),
+        "chart": chart([found]),
     }
-    return page(request, "archive.html", fleet.services(), context)
+    return page(request, "archive.html", context)
 
 
-def page(request: Request, template: str, services: list[ServiceQueues], context: dict[str, Any]) -> Response:
-    navigation = {"services_nav": [service.name for service in services], "who": request.state.who}
-    return templates.TemplateResponse(request, template, {**navigation, **context})
+def _matching(entries: tuple[Entry, ...], wanted: dict[str, str]) -> list[Entry]:
+    """The newest :data:`PAGE_LIMIT` entries that match the page's filters, newest first."""
+    if wanted.get("reason") and wanted["reason"] not in REASONS:
+        raise HTTPException(400, f"reason: one of {', '.join(sorted(REASONS))}")
+    try:
+        since = parse_moment(wanted["since"], datetime.now(timezone.utc)) if wanted.get("since") else None
+    except ValueError as exc:
+        raise HTTPException(400, f"since: {exc}") from None
+    found = []
+    for entry in reversed(entries):
+        if (
+            (not wanted.get("event") or entry.event == wanted["event"])
+            and (not wanted.get("reason") or entry.reason == wanted["reason"])
+            and (since is None or (entry.archived_at is not None and entry.archived_at >= since))
+        ):
+            found.append(entry)
+            if len(found) == PAGE_LIMIT:
+                break
+    return found
 
 
-def _chart(service: ServiceQueues) -> str:
-    return chart.svg(
-        [
-            chart.Line("archived", service.archived_over_time, "#b00020"),
-            chart.Line("handled per minute", service.handled_over_time, "#1b5fbf"),
+async def group(request: Request) -> Response:
+    return await run_in_threadpool(_group, request, fleet_of(request))
+
+
+def _group(request: Request, fleet: Fleet) -> Response:
+    name, group_id = request.path_params["service"], request.path_params["id"]
+    snapshot = fleet.snapshot(name)
+    found = snapshot.group(group_id)
+    if found is None:
+        raise HTTPException(404, f"no failure group {group_id!r} in {name}'s archive (replayed or purged since?)")
+    context = {
+        "service": name,
+        "snapshot": snapshot,
+        "group": found,
+        "members": list(reversed(snapshot.members(group_id)))[:PAGE_LIMIT],
+        "traceback": snapshot.tracebacks.get(group_id, ""),
+    }
+    return page(request, "group.html", context)
+
+
+async def audit(request: Request) -> Response:
+    fleet = fleet_of(request)
+    filters = {key: value for key, value in request.query_params.items() if key in ("service", "who", "action")}
+    context = {
+        "records": fleet.audit.records(filters.get("service"), filters.get("who"), filters.get("action")),
+        "filters": filters,
+        "filters_query": urlencode({key: value for key, value in filters.items() if value}),
+        "actions": ACTIONS,
+        "audit_file": fleet.audit.path,
+    }
+    return await run_in_threadpool(page, request, "audit.html", context)
+
+
+def page(request: Request, template: str, context: dict[str, Any]) -> Response:
+    fleet = fleet_of(request)
+    try:
+        services = [service.name for service in fleet.reading().services]
+    except Exception:  # the event log is shown even when the broker cannot be reached
+        services = []
+    shared = {"services_nav": services, "who": request.state.who, "refresh": fleet.refresh}
+    return templates.TemplateResponse(request, template, {**shared, **context})
+
+
+def chart(services: list[ServiceQueues]) -> dict[str, Any]:
+    """The handled and archived per minute of ``services`` together, as uPlot's columns (times in seconds)."""
+    handled = dict(summed(service.handled_over_time for service in services))
+    archived = dict(summed(increments(service.archived_over_time) for service in services))
+    moments = sorted(set(handled) | set(archived))
+    return {
+        "t": moments,
+        "series": [
+            {"label": "handled per minute", "values": [handled.get(moment) for moment in moments]},
+            {"label": "archived per minute", "values": [archived.get(moment) for moment in moments]},
         ],
-        f"{service.name}: archived and handled over the last hour",
-    )
+    }
 
 
-routes = [Route("/", overview), Route("/services/{service}/archive", archive)]
+routes = [
+    Route("/", overview),
+    Route("/audit", audit),
+    Route("/services/{service}/archive", service),
+    Route("/services/{service}/groups/{id}", group),
+    Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+]

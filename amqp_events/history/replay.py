@@ -222,10 +222,11 @@ def ahead_of_rate(sent: int, rate: float, elapsed: float) -> float:
     return max(0.0, sent / rate - elapsed) if rate else 0.0
 
 
-def read_cursor(context: ServiceContext) -> Cursor | None:
-    """The newest record of ``<service>.history.cursor`` (nothing is taken off it); ``None`` without one."""
+def read_cursor(context: ServiceContext, service: str | None = None) -> Cursor | None:
+    """The newest record of ``<service>.history.cursor`` (of ``context``'s service, or of ``service``: nothing is
+    taken off it); ``None`` without one."""
     found = None
-    with context.transport.browse(history_cursor_queue_name(context.name)) as messages:
+    with context.transport.browse(history_cursor_queue_name(service or context.name)) as messages:
         for message, _ in messages:
             try:
                 found = Cursor(**json.loads(message.body))

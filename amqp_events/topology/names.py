@@ -209,9 +209,14 @@ def queue_kind(name: str, service: str) -> str:
         return "partition"
     if name == delays.UNROUTABLE:
         return "unroutable"
-    if name.startswith(f"{delays.PREFIX}.delay."):
+    if is_delay_queue(name):
         return "delay"
     return "main"
+
+
+def is_delay_queue(name: str) -> bool:
+    """Is ``name`` a queue of the delay ladder (shared by every service of the vhost)?"""
+    return name.startswith(f"{delays.PREFIX}.delay.")
 
 
 #: The stream that keeps every fired event of the vhost, when a service asks for history (``amqp_events_history``).

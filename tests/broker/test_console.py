@@ -58,14 +58,12 @@ def test_an_archived_event_is_shown_with_its_traceback_and_after_the_fix_a_click
     wait_archived(archive_of("orders"), 1)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
 
-    def worker_shown() -> int:
-        page.goto(console.url + "/")
-        return page.locator("table.workers").count()
-
-    wait_for(worker_shown, 40, what="the overview showing the worker (from its heartbeats)")
-    card = page.locator("section.service[data-service='orders']")
-    assert card.locator(".archived").inner_text() == "1"
-    assert "non_retryable: 1" in card.inner_text()
+    page.goto(console.url + "/")
+    row = page.locator("tr.service[data-service='orders']")
+    # Live: the figures follow without a reload.
+    wait_for(lambda: row.locator("td.workers").inner_text() == "1", 40, what="the worker shown (its heartbeats)")
+    assert row.locator("td.archived").inner_text() == "1"
+    assert "1 archived in 1 group(s)" in row.locator("td.state").inner_text()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SCREENSHOTS / "overview.png", full_page=True)
 
@@ -130,7 +128,7 @@ def test_pausing_a_handler_stops_its_consumption_on_every_worker(worker, produce
     overview = browser.new_page()
 
     def breakers_shown() -> int:
-        overview.goto(console.url + "/")
+        overview.goto(console.url + "/services/orders/archive")
         workers = overview.locator("table.workers")
         return workers.inner_text().count("services.orders.on_ping: open") if workers.count() else 0
 

@@ -1,4 +1,4 @@
-"""The console's pure parts: who may do what, the services found in a queue listing, the charts."""
+"""The console's pure parts: who may do what, the services found in a queue listing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import base64
 
 import pytest
 
-from amqp_events.console.chart import Line, svg
 from amqp_events.console.discovery import services_in
 from amqp_events.console.security import (
     Access,
@@ -83,14 +82,6 @@ def test_services_are_found_by_their_archive_and_take_their_own_queues():
     assert (paid.replicas, paid.online) == (3, 2) and orders.consumers == 2
     assert orders.archived_over_time == ((1_700_000_060.0, 1.0), (1_700_000_120.0, 3.0))
     assert orders.handled_over_time == ((1_700_000_120.0, 70.0),)  # per interval, not the running count
-
-
-def test_a_chart_draws_each_line_scaled_to_its_maximum():
-    drawn = svg([Line("archived", ((0.0, 0.0), (60.0, 5.0)), "red"), Line("handled", (), "blue")], "t")
-    assert drawn.count("<polyline") == 2 and 'data-label="archived"' in drawn
-    assert 'points="28.0,132.0 612.0,28.0"' in drawn  # from the bottom left to the top right
-    assert "archived (max 5)" in drawn
-    assert "no samples yet" in svg([Line("archived", (), "red")], "t")
 
 
 def test_failed_logins_are_counted_per_client_within_a_window():
