@@ -34,6 +34,10 @@ class QueueState:
     replicas: int | None = None
     online: int | None = None
 
+    @property
+    def replicas_missing(self) -> bool:
+        return self.online is not None and self.replicas is not None and self.online < self.replicas
+
     @classmethod
     def of(cls, item: Mapping[str, Any]) -> QueueState:
         stats = item.get("message_stats") or {}

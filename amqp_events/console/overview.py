@@ -23,25 +23,6 @@ FOLDED = {"partition": "ordered partitions", "parked": "parked keys", "main": "i
 
 
 @dataclass(frozen=True)
-class QueueLine:
-    """A queue, or several folded into one line (``folded``: how many)."""
-
-    name: str
-    ready: int
-    unacked: int
-    consumers: int
-    incoming: float | None
-    acked: float | None
-    folded: int = 1
-    replicas: int | None = None
-    online: int | None = None
-
-    @property
-    def replicas_missing(self) -> bool:
-        return self.online is not None and self.replicas is not None and self.online < self.replicas
-
-
-@dataclass(frozen=True)
 class ServiceRow:
     name: str
     handled_per_minute: float | None
@@ -53,7 +34,7 @@ class ServiceRow:
     workers: int
     breakers_open: tuple[str, ...]
     unhealthy: tuple[str, ...]
-    queues: tuple[QueueLine, ...]
+    queues: tuple[QueueState, ...]
     archive_read_at: datetime | None
     #: Its latest history replay, in words (``None``: it had none).
     history_replay: str | None = None
@@ -146,7 +127,7 @@ def by_urgency(rows: list[ServiceRow]) -> list[ServiceRow]:
     return sorted(rows, key=lambda row: (-len(row.problems), row.name))
 
 
-def folded(service: ServiceQueues) -> tuple[QueueLine, ...]:
+def folded(service: ServiceQueues) -> tuple[QueueState, ...]:
     """The service's event queues one line each, then each other kind of its queues as one line."""
     lines = [_line(queue.name, [queue]) for queue in service.queues if is_event_queue(queue.name, service.name)]
     for kind, label in FOLDED.items():
@@ -160,16 +141,16 @@ def folded(service: ServiceQueues) -> tuple[QueueLine, ...]:
     return tuple(lines)
 
 
-def _line(name: str, queues: list[QueueState]) -> QueueLine:
+def _line(name: str, queues: list[QueueState]) -> QueueState:
+    """``queues`` as one line: their messages and rates added up, the fewest replicas online."""
     replicated = [queue for queue in queues if queue.replicas is not None]
-    return QueueLine(
+    return QueueState(
         name,
         sum(queue.ready for queue in queues),
         sum(queue.unacked for queue in queues),
         max(queue.consumers for queue in queues),
         _sum(queue.incoming for queue in queues),
         _sum(queue.acked for queue in queues),
-        len(queues),
         min((queue.replicas or 0 for queue in replicated), default=None),
         min((queue.online or 0 for queue in replicated), default=None),
     )

@@ -31,6 +31,8 @@ def test_fifty_failures_of_one_cause_and_five_of_another_are_two_groups_and_the_
 ):
     failing = worker("orders")
     page = browser.new_page(viewport=LAPTOP)
+    errors: list[object] = []
+    page.on("pageerror", lambda error: errors.append(error))
     page.goto(console.url + "/")
     row = page.locator("tr.service[data-service='orders']")
     wait_for(lambda: row.locator("td.workers").inner_text() == "1", 40, what="the worker shown (its heartbeats)")
@@ -39,6 +41,7 @@ def test_fifty_failures_of_one_cause_and_five_of_another_are_two_groups_and_the_
     # Live: the overview, loaded before the failures, shows them without a reload.
     wait_for(lambda: row.locator("td.archived").inner_text() == "55", 60, what="the overview following the archive")
     assert "55 archived in 2 group(s)" in row.locator("td.state").inner_text()
+    assert page.locator("#fleet-chart").inner_text() or page.locator("#fleet-chart .uplot").count() == 1
     page.screenshot(path=SCREENSHOTS / "overview.png", full_page=True)
 
     status, answer = call(console.url + "/api/services/orders/groups")
@@ -71,6 +74,7 @@ def test_fifty_failures_of_one_cause_and_five_of_another_are_two_groups_and_the_
     assert sorted(message.id for message in archive_of("orders").list()) == sorted(rejected)
     status, answer = call(console.url + "/api/services/orders/groups")
     assert [group["count"] for group in answer["groups"]] == [5]
+    assert errors == []  # no script of any page failed
 
 
 def test_an_archived_message_s_arguments_are_edited_and_retried_once_they_fit_the_handler(

@@ -34,8 +34,13 @@ function ago(moment) {
     if (Math.abs(seconds) < below) return seconds < 5 && unit === "s" ? "just now" : `${Math.round(seconds / size)} ${unit} ago`;
   }
 }
+// The elements of ``root`` that match ``selector``, ``root`` itself included (a live part may be a chart).
+function within(root, selector) {
+  return [...(root.matches && root.matches(selector) ? [root] : []), ...root.querySelectorAll(selector)];
+}
+
 function showTimes(root) {
-  for (const time of root.querySelectorAll("time[datetime]")) {
+  for (const time of within(root, "time[datetime]")) {
     const moment = new Date(time.getAttribute("datetime"));
     if (isNaN(moment)) continue;
     time.textContent = ago(moment);
@@ -44,7 +49,7 @@ function showTimes(root) {
 }
 
 function drawCharts(root) {
-  for (const box of root.querySelectorAll(".chart[data-series]")) {
+  for (const box of within(root, ".chart[data-series]")) {
     const data = JSON.parse(box.dataset.series);
     box.textContent = "";
     if (!data.t.length) { box.textContent = box.dataset.empty; continue; }
