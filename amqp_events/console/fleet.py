@@ -89,6 +89,7 @@ class Fleet:
                     self.workers(service.name),
                     reading.archive_rate(service.name),
                     reading.replays.get(service.name),
+                    reading.unreadable.get(service.name),
                 )
                 for service in reading.services
             ]

@@ -38,6 +38,8 @@ class ServiceRow:
     archive_read_at: datetime | None
     #: Its latest history replay, in words (``None``: it had none).
     history_replay: str | None = None
+    #: Why the console could not read its archive (its user may not), if it could not.
+    archive_unreadable: str | None = None
     problems: tuple[str, ...] = field(default=())
 
     def summary(self) -> dict[str, Any]:
@@ -54,6 +56,7 @@ class ServiceRow:
             "unhealthy": list(self.unhealthy),
             "archive_read_at": self.archive_read_at.isoformat() if self.archive_read_at else None,
             "history_replay": self.history_replay,
+            "archive_unreadable": self.archive_unreadable,
             "problems": list(self.problems),
         }
 
@@ -64,6 +67,7 @@ def service_row(
     beats: Mapping[str, Mapping[str, Any]],
     archive_rate: float | None,
     replay: Cursor | None = None,
+    unreadable: str | None = None,
 ) -> ServiceRow:
     """The row of ``service``: ``archive_rate`` is messages per second into its archive (its failures), ``replay``
     the record of its latest history replay."""
@@ -94,6 +98,7 @@ def service_row(
         queues=folded(service),
         archive_read_at=snapshot.read_at if snapshot else None,
         history_replay=None if replay is None else replay_position(replay),
+        archive_unreadable=unreadable,
     )
     return _with_problems(row)
 

@@ -125,6 +125,10 @@ def seen_by_console(url: str, rabbitmq: Any, archived: str) -> None:
         assert status == 200 and [entry["id"] for entry in listing["messages"]] == [archived], listing
         status, answer = call(console.url + "/api/services/shipping/archive")
         assert status == 403 and "may not read 'shipping.archive'" in answer["error"], answer
+        # The overview reads the archives it may and says which it may not; its own is indexed.
+        rows = {row["service"]: row for row in call(console.url + "/api/fleet")[1]["services"]}
+        assert "may not read 'shipping.archive'" in rows["shipping"]["archive_unreadable"]
+        assert rows["orders"]["archive_unreadable"] is None and rows["orders"]["archived"] == 1
     finally:
         console.stop()
 
