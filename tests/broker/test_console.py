@@ -93,6 +93,8 @@ def test_a_purge_needs_the_service_s_name_typed(worker, producer, archive_of, co
     worker("orders")
     event_id = producer.fire("test.ping", ["p1"], {"how": {"permanent": True}})
     wait_archived(archive_of("orders"), 1)
+    indexed = console.url + "/api/services/orders/groups"  # the pages list what the console's index read
+    wait_for(lambda: call(indexed)[1]["archived"] == 1, 30, what="the console's index reading the archive")
     page = browser.new_page()
     page.goto(f"{console.url}/services/orders/archive")
     page.locator(f"tr.message[data-id='{event_id}'] input.pick").check()
