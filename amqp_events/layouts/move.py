@@ -20,7 +20,7 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology.moving import Move, Target, move_to
 from amqp_events.topology.names import to_queue
-from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, StoredMessage, copy_headers, event_id
+from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, StoredMessage, copy_headers, event_id, event_name
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,9 @@ def _move_messages(context: ServiceContext, move: Move, queue: str) -> int:
         waiting: list[Callable[[], None]] = []
         try:
             for stored, remove in messages:
-                for copy in copies_of(stored, move.destinations(queue, stored.headers), move):
+                for copy in copies_of(
+                    stored, move.destinations(queue, stored.headers, event_name(stored.headers)), move
+                ):
                     publisher.publish(copy)
                 waiting.append(remove)
                 if len(waiting) >= WINDOW:

@@ -55,16 +55,15 @@ class Move:
     #: The handlers of the new layout (unordered: ordered ones keep their partitions), by task name.
     targets: Mapping[str, Target]
 
-    def destinations(self, old_queue: str, headers: Mapping[str, object]) -> list[Target]:
-        """The handlers a message of ``old_queue`` with ``headers`` is for: the one it names, the one whose
-        queue it was in, or every handler of its event (a fired event in a queue they shared)."""
+    def destinations(self, old_queue: str, headers: Mapping[str, object], event: str) -> list[Target]:
+        """The handlers a message of ``old_queue`` with ``headers`` (firing ``event``) is for: the one it names,
+        the one whose queue it was in, or every handler of its event (a fired event in a queue they shared)."""
         named = headers.get("for_handler")
         if isinstance(named, str) and named in self.targets:
             return [self.targets[named]]
         of_queue = self.targets.get(task_of_queue(self.service, old_queue) or "")
         if of_queue is not None:
             return [of_queue]
-        event = str(headers.get("task") or headers.get("ce-type") or "").partition(":")[0]
         return [target for target in self.targets.values() if target.event == event]
 
 

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from amqp_events.settings import Settings
 from amqp_events.topology.moving import move_to
+from amqp_events.wire.message import event_name
 
 TASKS_PER_HANDLER = {
     "user.created": ("user.created", "accounts:user.created"),
@@ -40,15 +41,17 @@ def test_a_message_goes_to_the_handler_it_names_or_whose_queue_it_was_in_or_to_e
     move, _ = move_to("accounts", TASKS_PER_HANDLER, Settings(), [])
     [shared] = move.old
     assert shared.name == "accounts.events"
-    tasks = lambda queue, headers: sorted(target.task for target in move.destinations(queue, headers))  # noqa: E731
+
+    def tasks(queue, headers):
+        return sorted(target.task for target in move.destinations(queue, headers, event_name(headers)))
+
     assert tasks(shared.name, {"task": "user.created"}) == ["user.created", "user.created:welcome"]
     assert tasks(shared.name, {"task": "user.created", "for_handler": "user.created"}) == ["user.created"]
     assert tasks(shared.name, {"task": "user.deleted"}) == ["user.deleted"]
     assert tasks(shared.name, {"task": "no.such"}) == []
     into_shared, _ = move_to("accounts", TASKS_PER_SERVICE, PER_SERVICE, [])
-    assert [target.task for target in into_shared.destinations("accounts:user.created", {"task": "user.created"})] == [
-        "user.created"
-    ]
+    [target] = into_shared.destinations("accounts:user.created", {"task": "user.created"}, "user.created")
+    assert target.task == "user.created"
 
 
 def test_ordered_handlers_keep_their_partitions_through_a_move():
