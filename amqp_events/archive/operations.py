@@ -67,10 +67,17 @@ class Selection:
     def matches(self, archived: ArchivedMessage) -> bool:
         return (
             (not self.ids or archived.id in self.ids)
-            and (self.event is None or archived.event == self.event)
-            and (self.reason is None or archived.reason == self.reason)
-            and (self.since is None or (archived.archived_at is not None and archived.archived_at >= self.since))
+            and self.admits(archived.event, archived.reason, archived.archived_at)
             and (self.group is None or group_of(archived) == self.group)
+        )
+
+    def admits(self, event: str, reason: str, archived_at: datetime | None) -> bool:
+        """Do its event, reason and time criteria take a message of these (what a listing of summaries, such
+        as the console's index, can check)?"""
+        return (
+            (self.event is None or event == self.event)
+            and (self.reason is None or reason == self.reason)
+            and (self.since is None or (archived_at is not None and archived_at >= self.since))
         )
 
     @property
