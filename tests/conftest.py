@@ -124,6 +124,16 @@ def cli_process(broker_url: str, rabbitmq: Any) -> Callable[..., Any]:
     return run
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    """A failed test that used the ``console`` fixture reports what the console printed (as a worker's log)."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    console = getattr(item, "funcargs", {}).get("console")
+    if report.failed and call.when == "call" and console is not None:
+        report.sections.append((f"console log pid {console.process.pid}", console.log_tail()))
+
+
 @pytest.fixture
 def console(broker_url: str, rabbitmq: Any) -> Iterator[Any]:
     """``amqp-events console`` on a free loopback port, for this test's vhost."""

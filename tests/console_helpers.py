@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -33,7 +34,9 @@ class Console:
                    "--management-url", management_url, "console", "--bind", bind, *options]  # fmt: skip
         environment = {**os.environ, **(env or {})}
         self.url = f"http://{bind}"
-        self.process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # A file, not a pipe: a pipe nobody reads fills up and the console blocks on its next line of log.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (kept open for the process's life, read on failure)
+        self.process = subprocess.Popen(command, env=environment, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_serving(self, probe: str) -> Console:
         def serving() -> bool:
@@ -50,9 +53,14 @@ class Console:
         return self
 
     def output(self) -> str:
+        """Everything it printed, once stopped."""
         self.stop()
-        assert self.process.stdout is not None
-        return self.process.stdout.read().decode(errors="replace")
+        return self.log_tail(None)
+
+    def log_tail(self, lines: int | None = 60) -> str:
+        self.log.seek(0)
+        printed = self.log.read().decode(errors="replace").splitlines()
+        return "\n".join(printed if lines is None else printed[-lines:])
 
     def stop(self) -> None:
         if self.process.poll() is None:

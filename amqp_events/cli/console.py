@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -81,6 +82,7 @@ def console(
     own = bool(context.app_name)
     fleet = Fleet(app, context.management, context.vhost, own, refresh, AuditTrail(audit_file))
     click.echo(f"console of vhost {context.vhost!r} on http://{bind}/", err=True)
+    logging.basicConfig(level=logging.WARNING, format="[%(asctime)s: %(levelname)s] %(message)s")
     uvicorn.run(
         console_app(fleet, access, allowed_hosts(host, host_names)),
         host=host.strip("[]"),

@@ -165,6 +165,10 @@ class ArchiveIndex:
                 entries.append(entry)
         entries.sort(key=_archived_at)
         groups = grouped(entry.failure for entry in entries)
+        if stamp is not None and stamp[0] != len(entries):
+            # Counted one size, read another (a failure archived or a message removed meanwhile, another reader
+            # holding some): kept under this stamp, this reading would stand until it is too old. Read again.
+            stamp = None
         return Snapshot(
             service,
             len(entries),

@@ -30,6 +30,8 @@ from amqp_events.transport.management import ManagementAPI
 logger = logging.getLogger(__name__)
 #: The span of the charts' samples, and how often they are read again (seconds).
 CHART_SPAN, SAMPLES_EVERY = 3600, 60.0
+#: Seconds beyond which a reading of the vhost is logged as slow.
+SLOW_READING = 5.0
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,10 @@ def read(
 ) -> Reading:
     """Read the vhost now (each archive only if it changed since its last reading; the charts' samples only if
     those of ``before`` are a minute old)."""
-    sampling = before is None or time.monotonic() - before.sampled_at >= SAMPLES_EVERY
+    started = time.monotonic()
+    sampling = before is None or started - before.sampled_at >= SAMPLES_EVERY
     listing = management.queues(vhost, CHART_SPAN if sampling else 0)
+    listed = time.monotonic()
     queues = {str(item["name"]): item for item in listing}
     services = services_in(listing)
     if not sampling and before is not None:
@@ -85,6 +89,7 @@ def read(
         except Exception as exc:  # another service's archive, under a service's own user: the others are read
             unreadable[service.name] = f"{type(exc).__name__}: {exc}"
     index.forget({service.name for service in services})
+    counted = time.monotonic()
     try:
         nodes: tuple[Mapping[str, Any], ...] = tuple(management.nodes())
     except ManagementError:  # a user without the monitoring tag may not list nodes
@@ -98,6 +103,11 @@ def read(
     }
     sampled_at = time.monotonic() if sampling or before is None else before.sampled_at
     moment = datetime.now(timezone.utc)
+    if (took := time.monotonic() - started) > SLOW_READING:  # the pages show figures that old, or older
+        logger.warning(
+            "console: reading the vhost took %.1f s (its queues listed in %.1f s, archives %.1f s, the rest %.1f s)",
+            took, listed - started, counted - listed, took - (counted - started),
+        )  # fmt: skip
     return Reading(moment, tuple(services), queues, nodes, delayed, replays, sampled_at, unreadable)
 
 

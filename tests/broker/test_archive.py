@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,7 +14,7 @@ from amqp_events import Reason, events_app
 from amqp_events.archive import Selection
 from amqp_events.testing import wait_for
 from amqp_events.topology.names import to_queue
-from amqp_events.transport import rabbitmq
+from amqp_events.transport import browse
 from amqp_events.wire.message import OutgoingMessage
 
 
@@ -121,12 +122,12 @@ def test_reading_the_archive_many_times_loses_nothing(worker, producer, archive_
         assert [entry.id for entry in archive.list()] == ids
 
 
-@pytest.mark.parametrize("per_consumer", [rabbitmq.PREFETCH_MAX, 1500])
+@pytest.mark.parametrize("per_consumer", [browse.PREFETCH_MAX, 1500])
 def test_an_archive_larger_than_a_consumer_may_hold_unacked_is_read_whole(per_consumer, broker_url, monkeypatch):
     """A quorum queue gives a consumer without a prefetch limit 2,000 messages at most; a browse of a bigger
     archive saw those alone (a purge by event matching later ones found nothing). With 1,500 a consumer, the
     browse takes four consumers."""
-    monkeypatch.setattr(rabbitmq, "PREFETCH_MAX", per_consumer)
+    monkeypatch.setattr(browse, "PREFETCH_MAX", per_consumer)
     shop = events_app("shop", broker_url=broker_url)
     shop.handler("shop.order.placed")(lambda order: None)
     shop.declare_topology()
@@ -157,3 +158,38 @@ def test_a_browse_waits_for_another_one_of_the_same_archive_to_end(worker, produ
         second = pool.submit(archive.list)
         time.sleep(0.5)  # not a wait for an outcome: the overlap this test is about (the second waits 10 s at most)
     assert [entry.id for entry in second.result(timeout=30)] == ids
+
+
+def test_two_browses_that_start_at_the_same_moment_each_read_every_message(worker, producer, archive_of, monkeypatch):
+    """Two readers (a console's refresh and `archive purge`) that both count no consumer, then both consume: the
+    messages go to the first, and the second, given nothing for a while (the first is slow), saw an empty archive
+    (a purge found nothing to purge). The second sees the other's consumer and steps back until it is done."""
+    worker("orders")
+    archive = archive_of("orders")
+    ids = fill(worker, producer, archive, 3)
+    monkeypatch.setattr(browse, "BROWSE_IDLE", 0.3)
+    both_counted, first_two = threading.Barrier(2, timeout=30), iter(range(2))
+    slow, slow_has_one = threading.local(), threading.Event()
+    counted = browse._after_other_browses
+
+    def at_the_same_moment(channel, queue, deadline):
+        waiting = counted(channel, queue, deadline)
+        if next(first_two, None) is not None:  # each reader's first count meets the other's: neither consumes yet
+            both_counted.wait()
+            if not getattr(slow, "reader", False):  # and the slow one consumes first
+                assert slow_has_one.wait(30)
+        return waiting
+
+    def slow_reader():
+        slow.reader = True
+        with producer.context.transport.browse(archive.queue) as held:
+            first = next(held)
+            slow_has_one.set()
+            time.sleep(1.0)  # not a wait for an outcome: a reader slower than the other's idle wait
+            return [first, *held]
+
+    monkeypatch.setattr(browse, "_after_other_browses", at_the_same_moment)
+    with ThreadPoolExecutor(2) as pool:
+        held, listed = pool.submit(slow_reader), pool.submit(archive.list)
+        assert len(held.result(timeout=60)) == 3
+        assert [entry.id for entry in listed.result(timeout=60)] == ids

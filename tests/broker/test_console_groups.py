@@ -178,5 +178,5 @@ def test_what_another_tool_changes_in_an_archive_is_shown_within_a_refresh(worke
     wait_archived(archive_of("orders"), 3)
     groups = console.url + "/api/services/orders/groups"
     wait_for(lambda: call(groups)[1]["archived"] == 3, 30, what="the three indexed")
-    archive_of("orders").purge(Selection.of(limit=1))  # as `amqp-events archive purge` would
+    assert len(archive_of("orders").purge(Selection.of(limit=1))) == 1  # as `amqp-events archive purge` would
     wait_for(lambda: call(groups)[1]["archived"] == 2, 30, what="the purge seen by the console")

@@ -97,6 +97,11 @@ def test_the_index_reads_an_archive_again_only_when_its_stamp_changed_and_keeps_
         assert [group.count for group in second.groups] == [3, 2]  # KeyError('ada') is KeyError('linus')'s cause
         assert second.entries[-2] is first.entries[-1]  # read before: not decoded again
         assert len(second.members(second.groups[1].id)) == 2
+        # Counted 6 but read 5 (one removed meanwhile, or held by another reader): read again at the next stamp,
+        # even an equal one, instead of standing for minutes.
+        misread = index.refresh("orders", stamp=(6, 6, 0))
+        assert misread.count == 5 and misread.stamp is None
+        assert index.refresh("orders", stamp=(6, 6, 0)) is not misread
         index.forget(set())
         assert index.snapshot("orders") is None
     orders.close()
