@@ -24,6 +24,10 @@ VARIABLES: dict[str, str] = {
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": "the setting amqp_events_quorum_queue_warning (where `topology check` and "
     "the exporter warn)",
     "AMQP_EVENTS_QUEUE_LAYOUT": "the setting amqp_events_queue_layout (per_handler or per_service)",
+    "AMQP_EVENTS_SERVICE_USERS": "the setting amqp_events_service_users: user=service, comma-separated",
+    "AMQP_EVENTS_TRUSTED_USERS": "the setting amqp_events_trusted_users: users, comma-separated",
+    "AMQP_EVENTS_EVENT_OWNERSHIP": "the setting amqp_events_event_ownership (1 or true: on)",
+    "AMQP_EVENTS_EVENT_OWNERS": "the setting amqp_events_event_owners: pattern=service, comma-separated",
     "AMQP_EVENTS_MANAGEMENT_URL": "where the command line finds RabbitMQ's management API (its --management-url)",
     "AMQP_EVENTS_MANAGEMENT_USER": "the management API's user (default guest)",
     "AMQP_EVENTS_MANAGEMENT_PASSWORD": "the management API's password (default guest)",

@@ -84,7 +84,12 @@ class BreakerOpen(Exception):
 
 
 class TooLarge(ValueError):
-    """A message body that inflates past what a worker reads (:data:`amqp_events.wire.limits.MAX_BODY`)."""
+    """A message body larger than a worker reads (``amqp_events_max_body_bytes``, decompressed), or headers larger
+    than a copy of it could carry."""
+
+
+class NotOwner(ValueError):
+    """Event ownership is on and an event was fired (or about to be) by a service that does not own it."""
 
 
 class Expired(Exception):

@@ -21,7 +21,6 @@ present for every service seen, at 0 when none is left.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from amqp.exceptions import NotFound
 from kombu import Connection, Queue
 
+from amqp_events.celery.heartbeats import dropped, heard
 from amqp_events.errors import ManagementError
 from amqp_events.history.watch import HistoryWatch, watch
 from amqp_events.topology import sizing
@@ -218,21 +218,18 @@ class Exporter:
         queue = heartbeats_listener(self.app.service, "exporter", self.app.events_settings)
         with (
             self.app.connection_for_read() as connection,
-            connection.Consumer(queue, callbacks=[self._on_heartbeat], accept=["json"]),
+            connection.Consumer(queue, callbacks=[self._on_heartbeat], on_decode_error=dropped, accept=["json"]),
         ):
             while not self._stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     connection.drain_events(timeout=1)
 
     def _on_heartbeat(self, body: Any, message: Any) -> None:
-        try:
-            beat = body if isinstance(body, dict) else json.loads(body)
+        beat = heard(body, message, self.app.context.identity)
+        if beat is not None:
             with self._lock:
-                self.workers.heard(str(beat["service"]), str(beat["worker"]), str(beat.get("state")), time.time())
+                self.workers.heard(beat["service"], beat["worker"], beat["state"], time.time())
                 self.last_heartbeat = time.time()
-        except (KeyError, TypeError, ValueError) as exc:
-            logger.debug("ignoring a malformed heartbeat: %s", exc)
-        message.ack()
 
     # -- what a scrape sees ---------------------------------------------------
 

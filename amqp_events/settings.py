@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -50,6 +50,10 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": ("amqp_events_quorum_queue_warning", "int"),
     "AMQP_EVENTS_QUEUE_LAYOUT": (QUEUE_LAYOUT, "str"),
+    "AMQP_EVENTS_SERVICE_USERS": ("amqp_events_service_users", "table"),
+    "AMQP_EVENTS_TRUSTED_USERS": ("amqp_events_trusted_users", "list"),
+    "AMQP_EVENTS_EVENT_OWNERSHIP": ("amqp_events_event_ownership", "bool"),
+    "AMQP_EVENTS_EVENT_OWNERS": ("amqp_events_event_owners", "table"),
 }
 
 SETTING_PREFIX = "amqp_events_"
@@ -175,6 +179,27 @@ class Settings:
     #: Seconds at a time an event of a paused handler waits on the broker when the handler shares its queue
     #: (``per_service``): one publish per wait; after it resumes, its events come back within this long.
     paused_wait: int = 30
+    #: RabbitMQ users whose name is not their service's: ``{"billing-prod": "billing"}``. The broker verifies the
+    #: user of every message (its ``user_id``); the service that user stands for is the event's author
+    #: (``current_event().fired_by``). The same table in every service.
+    service_users: Mapping[str, str] = field(default_factory=dict)
+    #: Users other than the service's own whose copies it takes as its own (an administrator's console replaying
+    #: its archive): such a copy keeps its author and the handler it names.
+    trusted_users: tuple[str, ...] = ()
+    #: Each event belongs to one service, which alone may fire it: the service its first word names, unless
+    #: ``event_owners`` says otherwise. A worker then archives (reason ``not_owner``) an event whose verified
+    #: author is not its owner, and ``topology permissions`` prints topic permissions that keep each service to
+    #: its own events. Needs a RabbitMQ user per service.
+    event_ownership: bool = False
+    #: Events owned by another service than their first word names: ``{"user.#": "accounts"}`` (topic patterns,
+    #: the first that matches wins). The same table in every service.
+    event_owners: Mapping[str, str] = field(default_factory=dict)
+    #: Bytes of a message body (decompressed) a worker takes: a larger one is archived (``too_large``), its body
+    #: cut to its first bytes with its size and SHA-256 recorded. RabbitMQ 4.0's own default bound.
+    max_body_bytes: int = 16 * 1024 * 1024
+    #: Bytes each queue of the shared delay ladder and the unroutable queue hold at most: past it the broker
+    #: refuses a publish (the publisher gets a nack) instead of dropping what it holds.
+    shared_queue_max_bytes: int = 1024**3
 
     @property
     def checks_shared_topology(self) -> bool:
@@ -209,6 +234,10 @@ class Settings:
             problems.append("worker_prefetch_limit must be >= 1")
         if self.async_concurrency < 1 or self.async_shutdown_timeout < 0:
             problems.append("async_concurrency must be >= 1 and async_shutdown_timeout >= 0")
+        if self.max_body_bytes < 1024 or self.shared_queue_max_bytes < 1:
+            problems.append("max_body_bytes must be >= 1024 and shared_queue_max_bytes >= 1")
+        problems.extend(_table_problems("service_users", self.service_users))
+        problems.extend(_table_problems("event_owners", self.event_owners))
         if self.paused_wait < 1:
             problems.append("paused_wait must be >= 1 (seconds)")
         if self.queue_layout not in QUEUE_LAYOUTS:
@@ -246,8 +275,10 @@ class Settings:
             if raw.get(key) is None:
                 continue
             given = raw[key]
-            if key == BREAKER:  # a dict or a flag, checked by __post_init__ and kept read-only
-                values["breaker"] = MappingProxyType(dict(given)) if isinstance(given, Mapping) else given
+            if key == BREAKER or str(setting.type).startswith("Mapping"):  # checked by __post_init__, read-only
+                values[setting.name] = MappingProxyType(dict(given)) if isinstance(given, Mapping) else given
+            elif str(setting.type).startswith("tuple"):
+                values[setting.name] = (given,) if isinstance(given, str) else tuple(given)
             else:
                 values[setting.name] = _coerce(setting.type, given, key)
         return cls(**values)
@@ -260,6 +291,12 @@ def _breaker_problems(breaker: Any) -> list[str]:
         return [f"breaker must be True, False or a dict of {', '.join(BREAKER_POLICY)}, not {breaker!r}"]
     unknown = sorted(map(str, set(breaker) - set(BREAKER_POLICY)))
     return [f"breaker has unknown key(s) {', '.join(unknown)}: it takes {', '.join(BREAKER_POLICY)}"] if unknown else []
+
+
+def _table_problems(name: str, table: Any) -> list[str]:
+    if not isinstance(table, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in table.items()):
+        return [f"{name} must be a dict of strings to strings, not {table!r}"]
+    return []
 
 
 def _with_history_expanded(raw: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -292,11 +329,25 @@ def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, A
 
 
 def _coerce(kind: Any, value: Any, name: str) -> Any:
-    converters: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "str": str, "bool": _to_bool}
+    converters: dict[str, Callable[[Any], Any]] = {
+        "int": int, "float": float, "str": str, "bool": _to_bool, "table": _to_table, "list": _to_list,
+    }  # fmt: skip
     try:
         return converters[str(kind)](value)
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"{name} must be of type {kind}, got {value!r}") from None
+
+
+def _to_table(value: str) -> dict[str, str]:
+    """``"billing-prod=billing, user.#=accounts"``: an environment variable's table."""
+    pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+    if any(not sep or not key.strip() or not name.strip() for key, sep, name in pairs):
+        raise ValueError(value)
+    return {key.strip(): name.strip() for key, _, name in pairs}
+
+
+def _to_list(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
 
 
 def _to_bool(value: Any) -> bool:

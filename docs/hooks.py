@@ -26,6 +26,8 @@ ROOT_FILES = ("bench/chart.png",)
 
 #: A Sphinx role left in a docstring (``:class:`~amqp_events.Reason```), as the API page renders it.
 SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|data|mod|exc):<code>(~?)([^<]*)</code>")
+#: Defaults written as factories, shown as the values they make.
+EMPTY = {"field(default_factory=dict)": "{}"}
 FIELD = re.compile(r"^    (?P<name>\w+): (?P<type>[^=]+?) = (?P<default>.+)$")
 
 
@@ -60,6 +62,7 @@ def settings_table() -> str:
         field = FIELD.match(line)
         if field:
             default, kind = (field[part].strip().replace("|", "\\|") for part in ("default", "type"))
+            default = EMPTY.get(default, default)
             rows.append(
                 f"| `{settings.SETTING_PREFIX}{field['name']}` | `{kind}` | `{default}` | {' '.join(comment)} |"
             )

@@ -31,6 +31,7 @@ from amqp_events.topology.names import to_queue
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import JSON, OutgoingMessage, copy_headers, json_body
 from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED
+from amqp_events.wire.trust import Identity, vouch
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ class ReplayReport:
     replayed: list[str] = field(default_factory=list)
     #: Ids whose original queue no longer exists: left in the archive.
     unroutable: list[str] = field(default_factory=list)
+    #: Ids whose body was cut when they were archived (too large): they cannot run again, and stay.
+    cut: list[str] = field(default_factory=list)
 
 
 class Archive:
@@ -144,7 +147,9 @@ class Archive:
         by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
         with self._browse() as messages:
             for archived, remove in _take(messages, selection):
-                if self._send_back(archived, new_ids, by):
+                if archived.body_cut:
+                    report.cut.append(archived.id)
+                elif self._send_back(archived, new_ids, by):
                     if on_replayed:
                         on_replayed(archived)
                     remove()
@@ -156,7 +161,8 @@ class Archive:
     def _send_back(self, archived: ArchivedMessage, new_id: bool, by: str) -> bool:
         """Publish ``archived``'s replay, through the ``before_replay``/``after_replay`` hooks; False when its
         queue no longer exists."""
-        replay = Replay(self.context, replay_message(archived, new_id=new_id, by=by), archived.headers, by)
+        message = replay_message(archived, self.context.identity, new_id=new_id, by=by)
+        replay = Replay(self.context, message, archived.headers, by)
         middleware = self.context.middleware
         for before in middleware.before_replay:
             before(replay)
@@ -180,7 +186,7 @@ class Archive:
         by = replayed_by or f"{getpass.getuser()}@{socket.gethostname()}"
         with self._browse() as messages:
             for archived, remove in _take(messages, Selection.of(ids=[message_id], limit=1)):
-                if archived.arguments is None:
+                if archived.arguments is None or archived.body_cut:
                     raise ValueError(f"{message_id}: its body is not an event's arguments: it cannot be edited")
                 embed = archived.payload[2]
                 body = json_body([args, kwargs, embed])
@@ -200,7 +206,7 @@ class Archive:
         with self._browse() as messages:
             for archived, remove in _take(messages, selection):
                 if PARKS_KEY in archived.headers:  # the events parked behind it go on
-                    publish_routed(self.context, release_command(archived))
+                    publish_routed(self.context, release_command(archived, self.context.identity))
                 remove()
                 purged.append(archived.id)
         return purged
@@ -218,11 +224,13 @@ class Archive:
         for line in lines:
             if line.strip():
                 archived = ArchivedMessage.from_json(json.loads(line))
+                headers = dict(archived.headers)  # what it says as the archive's reader may believe it
+                vouch(self.context.identity, archived.user_id, headers)
                 publish_routed(
                     self.context,
                     OutgoingMessage(
                         *to_queue(self.queue),
-                        headers=archived.headers,
+                        headers=headers,
                         body=archived.body,
                         message_id=archived.id,
                         content_type=archived.content_type or "application/octet-stream",
@@ -246,13 +254,20 @@ def _archived_at(archived: ArchivedMessage) -> datetime:
     return archived.archived_at or datetime.max.replace(tzinfo=timezone.utc)
 
 
-def replay_message(archived: ArchivedMessage, new_id: bool = False, by: str = "") -> OutgoingMessage:
+def replay_message(
+    archived: ArchivedMessage, identity: Identity | None = None, new_id: bool = False, by: str = ""
+) -> OutgoingMessage:
     """What a replay publishes: the original body and envelope, retry count reset, straight to its queue.
 
-    ``new_id``: under a new event id, the old one in the ``replay_of`` header. ``by``: who replayed it (the
-    ``replayed_by`` header; the last replay's, on the copies of the copy too).
+    ``identity``: the replaying service's, to keep only what it may believe of a copy it did not archive itself
+    (one the broker dead-lettered as it was: :mod:`amqp_events.wire.trust`). ``new_id``: under a new event id,
+    the old one in the ``replay_of`` header. ``by``: who replayed it (the ``replayed_by`` header; the last
+    replay's, on the copies of the copy too).
     """
-    headers = copy_headers(archived.headers, retries=0)
+    headers = dict(archived.headers)
+    if identity is not None:
+        vouch(identity, archived.user_id, headers)
+    headers = copy_headers(headers, retries=0)
     if by:
         headers["replayed_by"] = by
     if new_id:
@@ -267,9 +282,9 @@ def replay_message(archived: ArchivedMessage, new_id: bool = False, by: str = ""
     )
 
 
-def release_command(archived: ArchivedMessage) -> OutgoingMessage:
+def release_command(archived: ArchivedMessage, identity: Identity | None = None) -> OutgoingMessage:
     """What discarding the head of a parked sequence sends its partition: release the events behind it."""
-    message = replay_message(archived)
+    message = replay_message(archived, identity)
     return replace(message, headers={**message.headers, RELEASE_PARKED: archived.id})
 
 

@@ -32,7 +32,8 @@ from amqp_events.celery.coroutines import CoroutineRunner, runs_on_its_loop
 from amqp_events.celery.loop import LoopWaker, acks_now
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
-from amqp_events.core import handling
+from amqp_events.celery.tags import ConsumedQueues
+from amqp_events.core import routing
 from amqp_events.core.context import ServiceContext
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
@@ -74,15 +75,17 @@ class EventConsumer(Consumer):  # type: ignore[misc]
                 f"coroutine handlers ({', '.join(coroutines)}) cannot run under -P gevent: run this service's "
                 "worker with -P solo, -P threads or -P prefork"
             )
-        install_limits()
-        warn_of_time_limits(self.app, self.pool)
         settings = self.app.context.settings
+        install_limits(settings.max_body_bytes)
+        warn_of_time_limits(self.app, self.pool)
+        warn_of_unverified_authors(self.app.context)
         on_its_loop = bool(coroutines) and runs_on_its_loop(self.pool)
         in_flight = settings.async_concurrency if on_its_loop else 0
         size_prefetch(self, settings.worker_prefetch_limit, len(self.app.amqp.queues.consume_from), in_flight)
         if on_its_loop:
             self.coroutine_runner = CoroutineRunner(self, settings.async_concurrency, settings.async_shutdown_timeout)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
+        self.consumed_queues = ConsumedQueues()
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
         self.loop_thread = threading.get_ident()
         signals.worker_shutting_down.connect(self.wake_event_loop)  # weak: goes with the consumer
@@ -134,39 +137,52 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         run = super().create_task_handler(promise)
 
         def on_task_received(message: Message) -> Any:
-            verdict = admit(message, self.app.context, lambda: self.consumed_from(message))
+            queue = self.consumed_from(message)
+            if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
+                logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
+                return message.reject(requeue=True)
+            verdict = admit(message, self.app.context, queue)
             if verdict is not None:
                 return self.archiver.take(message, verdict)
             return run(message)
 
         return on_task_received
 
-    def consumed_from(self, message: Message) -> str:
-        """The queue ``message`` came from, by its consumer tag (the handler it is for, when its event has
-        several in this service)."""
-        tag = (message.delivery_info or {}).get("consumer_tag")
-        # Upstream (kombu 5.3-5.5): a consumer keeps the tag of each queue it consumes, by queue name.
-        tags: Mapping[str, str] | None = getattr(self.task_consumer, "_active_tags", None)
-        if tags is None:  # never guess: the event's other handler would run it in this one's place
-            raise LookupError("kombu's consumer keeps no consumer tags: cannot tell which handler a message is for")
-        return next((queue for queue, its_tag in tags.items() if its_tag == tag), "")
+    def consumed_from(self, message: Message) -> str | None:
+        """The queue ``message`` came from, by its consumer tag: which handlers may run it
+        (:func:`amqp_events.core.routing.route`); ``None`` when not known."""
+        return self.consumed_queues.of(self.task_consumer, (message.delivery_info or {}).get("consumer_tag"))
 
     # Upstream's hooks for messages it cannot run, should one reach them after all (a handler registered
     # after the consumer started): it acks and drops undecodable ones, and rejects unknown tasks (which the
     # queue's dead-letter exchange would bring straight back). Each is archived instead.
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        self.archiver.take(message, admit(message, self.app.context) or decoding_failed(exc))
+        verdict = admit(message, self.app.context, self.consumed_from(message) or "")
+        self.archiver.take(message, verdict or decoding_failed(exc))
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        self.archiver.archive(message, Reason.UNDECODABLE, handling.not_an_event())
+        self.archiver.archive(message, Reason.UNDECODABLE, routing.not_an_event())
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = (message.headers or {}).get("task")
-        self.archiver.archive(message, Reason.UNKNOWN_EVENT, handling.unknown_event(self.app.service, name))
+        self.archiver.archive(message, Reason.UNKNOWN_EVENT, routing.unknown_event(self.app.service, name))
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
         self.archiver.take(message, decoding_failed(exc))
+
+
+def warn_of_unverified_authors(context: ServiceContext) -> None:
+    """Event ownership needs a verified author: a user of the service's own, which a shared user is not."""
+    identity = context.identity
+    if context.settings.event_ownership and not identity.verified:
+        logger.warning(
+            "event ownership is on, but this worker's RabbitMQ user %r stands for no service %r (name it in "
+            "amqp_events_service_users, or give the service a user of its own): a user shared by several services "
+            "tells none of them apart, so no author is verified and ownership is not checked",
+            identity.user,
+            context.name,
+        )
 
 
 def warn_of_time_limits(app: Any, pool: Any) -> None:

@@ -65,7 +65,7 @@ class InlineWorker:
             accept=self.accept,
             channel=channel,
         )
-        verdict = admit(message, self.app.context, lambda: str(channel.queue))
+        verdict = admit(message, self.app.context, str(channel.queue))
         if verdict is not None:
             self.archiver.take(message, verdict)
             return False

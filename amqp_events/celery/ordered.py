@@ -77,7 +77,7 @@ def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
     runner_of(app, consumer)  # made now, in the consumer's thread (where solo runs)
 
     def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> None:
-        partition = partition_of(consumer, message.delivery_info.get("consumer_tag")) or task.handler.queue
+        partition = consumer.consumed_from(message) or task.handler.queue
         take(app, consumer, task, message, ack, reject, partition)
 
     return on_message
@@ -98,12 +98,6 @@ def take(app: Any, consumer: Any, task: Any, message: Any, ack: Any, reject: Any
     )
     if held is not None:
         runner_of(app, consumer).take(held)
-
-
-def partition_of(consumer: Any, tag: Any) -> str | None:
-    """The queue a consumer tag consumes. Upstream: kombu's ``Consumer`` keeps queue name -> tag."""
-    tags = getattr(consumer.task_consumer, "_active_tags", {})
-    return next((queue for queue, known in tags.items() if known == tag), None)
 
 
 def held_of(

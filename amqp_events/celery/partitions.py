@@ -114,7 +114,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def received(self, c: Any, partition: str, message: Message) -> None:
         self.last_message[partition] = time.monotonic()
-        verdict = admit(message, c.app.context)
+        verdict = admit(message, c.app.context, partition)
         if verdict is not None:
             c.archiver.take(message, verdict)
             return

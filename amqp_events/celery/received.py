@@ -22,15 +22,19 @@ from kombu import compression
 from kombu.exceptions import ContentDisallowed
 from kombu.message import Message
 
-from amqp_events.core import handling
+from amqp_events.core import handling, routing
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Delivery, Received
+from amqp_events.core.handler import Handler
+from amqp_events.core.routing import Unroutable
 from amqp_events.core.settle import describe, publish_routed
-from amqp_events.errors import Expired, Refused, TooLarge
+from amqp_events.errors import Expired, NotOwner, Refused, TooLarge
 from amqp_events.topology import delays
 from amqp_events.topology.names import event_of
+from amqp_events.topology.ownership import owner_of_event
 from amqp_events.wire import batch, limits
-from amqp_events.wire.message import OutgoingMessage, Reason, isoformat, parse_time
+from amqp_events.wire.message import ARCHIVE_CUT, FIRED_BY, OutgoingMessage, Reason, event_name, isoformat, parse_time
+from amqp_events.wire.trust import vouch
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +42,13 @@ logger = logging.getLogger(__name__)
 ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 
-def install_limits() -> None:
+def install_limits(max_body: int = limits.MAX_BODY) -> None:
     """Bound what a worker reads before the checks here see a message: kombu's decompression (a zlib bomb
-    stops at :data:`~amqp_events.wire.limits.MAX_BODY`; compressions without a bound are not read) and, on
+    stops at ``max_body``; compressions without a bound are not read) and, on
     Python 3.11+, whose calls between Python functions take no C stack, the recursion py-amqp needs to read
     the deepest headers a frame can hold (they are then refused as malformed, instead of stopping the
     consumer). Once per worker process."""
-    bounded = limits.bounded_decoders()
+    bounded = limits.bounded_decoders(max_body)
     # Upstream (kombu 5.5-5.7): decoders are kept by content type in this table; register() replaces both ways.
     for content_type in list(compression._decoders):
         decoder = bounded.get(content_type) or limits.unsupported(content_type)
@@ -80,7 +84,7 @@ class Early:
 Verdict = Refusal | Fanout | Early
 
 
-def admit(message: Message, context: ServiceContext, queue: Callable[[], str] = str) -> Verdict | None:
+def admit(message: Message, context: ServiceContext, queue: str = "") -> Verdict | None:
     """:func:`entering`, and a message that it cannot read (a case nobody foresaw) archived as undecodable."""
     try:
         return entering(message, context, queue)
@@ -89,18 +93,26 @@ def admit(message: Message, context: ServiceContext, queue: Callable[[], str] = 
         return Refusal(Reason.UNDECODABLE, exc)
 
 
-def entering(message: Message, context: ServiceContext, queue: Callable[[], str] = str) -> Verdict | None:
+def entering(message: Message, context: ServiceContext, queue: str = "") -> Verdict | None:
     """What becomes of ``message`` instead of running, if it must not run now: the one place where a message
-    enters a worker. Its headers are checked before anything reads them (:mod:`amqp_events.wire.limits`); the
-    ``before_receive`` hooks run, and what they change is written back into the message (a replay batch's events
-    are each read by them as they run: :mod:`amqp_events.celery.batches`); then its body is decoded, bounded,
-    and the handler it is for named (:func:`~amqp_events.core.handling.address`: ``queue()`` is the queue it
-    was consumed from)."""
+    enters a worker. Its headers are checked and bounded before anything reads them
+    (:mod:`amqp_events.wire.limits`); the ``before_receive`` hooks run, and what they change is written back
+    into the message (a replay batch's events are each read by them as they run:
+    :mod:`amqp_events.celery.batches`); what it says is then made to say only what the service may believe
+    (:mod:`amqp_events.wire.trust`: its verified author, and no header of the service's own copies unless it
+    is one); then its body is decoded, and the handler it is for chosen by :func:`~amqp_events.core.routing.
+    route` from ``queue``, the queue it was consumed from."""
+    if not isinstance(message.headers, dict):
+        return Refusal(Reason.MALFORMED_HEADERS, ValueError("the headers are not a table"))
+    message.headers.pop(ARCHIVE_CUT, None)  # only an archived copy says what was cut, and only this worker writes it
     hooks = bool(context.middleware.before_receive) and not batch.is_batch(message.headers)
-    refused = malformed(message.headers, complete=not hooks)
+    # Both, always: what either finds must go before a copy is made (a copy could carry neither).
+    cut, wrong = too_large(message, context.settings.max_body_bytes), malformed(message.headers, complete=not hooks)
+    refused = cut or wrong
     if refused is None and hooks:
         refused = read_in_place(message, lambda received: handling.receive(context, received))
         refused = refused or malformed(message.headers)  # what the hooks made of it (a CloudEvent's id)
+    own = vouch(context.identity, (message.properties or {}).get("user_id"), message.headers)
     if refused is not None:
         return refused
     message.content_type, message.content_encoding = limits.json_type(message.content_type, message.content_encoding)
@@ -112,27 +124,63 @@ def entering(message: Message, context: ServiceContext, queue: Callable[[], str]
         return decoding_failed(exc)
     message.headers.pop("compression", None)  # the body is inflated now; a copy of it is not compressed
     info = message.delivery_info or {}
-    sent_to = handling.sent_to_queue(info.get("exchange") or "", info.get("routing_key") or "")
-    several = handling.address(context, message.headers, queue, sent_to)
-    if several:
-        return Fanout(handling.one_for_each(message.headers, body, several))
+    exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
+    routed = routing.route(context, message.headers, queue, exchange, routing_key, own)
+    if isinstance(routed, Unroutable):
+        return Refusal(routed.reason, routed.error)
+    refused = None if own else not_owned(context, message.headers)
+    if refused is not None:
+        return refused
+    if isinstance(routed, tuple):
+        return Fanout(routing.one_for_each(message.headers, body, routed))
     if batch.is_batch(message.headers):
-        return admit_batch(message, context, body)
-    cannot = handling.runnable(context, message.headers, body)
+        return admit_batch(message, routed, body)
+    cannot = routing.runnable(body)
     if cannot is not None:
-        return Refusal(*cannot)
-    return timing(message, context, body)
+        return Refusal(cannot.reason, cannot.error)
+    return timing(message, context, routed, body)
 
 
-def malformed(headers: Any, complete: bool = True) -> Refusal | None:
-    if not isinstance(headers, dict):
-        return Refusal(Reason.MALFORMED_HEADERS, ValueError("the headers are not a table"))
+def malformed(headers: dict[Any, Any], complete: bool = True) -> Refusal | None:
     wrong = limits.malformed(headers, complete)
     if not wrong:
         return None
     for name in wrong:  # the archived copy keeps the others; the exception says what these were
         headers.pop(name, None)
     return Refusal(Reason.MALFORMED_HEADERS, ValueError(limits.describe(wrong)))
+
+
+def too_large(message: Message, max_body: int) -> Refusal | None:
+    """Headers a copy could not carry, or a body over ``max_body``: cut in place to what an archived copy can
+    carry, and why (also in its ``archive_cut`` header, for ``archive show`` and the console)."""
+    cuts = []
+    dropped = limits.cut_headers(message.headers)
+    if dropped:
+        cuts.append(f"headers over {limits.MAX_HEADERS_BYTES} bytes: dropped {', '.join(dropped)}")
+    body = message.body  # py-amqp gives text when the content encoding names a charset
+    if isinstance(body, str) and len(body) * 4 > max_body:  # a character takes four bytes at most
+        body = body.encode("utf-8", "surrogatepass")
+    cut = limits.cut_body(body, max_body) if isinstance(body, bytes) and not message.errors else None
+    if cut is not None:
+        message.body, note = cut
+        cuts.append(f"a body over {max_body} bytes: {note}")
+    if not cuts:
+        return None
+    message.headers[ARCHIVE_CUT] = "; ".join(cuts)
+    return Refusal(Reason.TOO_LARGE, TooLarge(f"it came with {message.headers[ARCHIVE_CUT]}"))
+
+
+def not_owned(context: ServiceContext, headers: dict[str, Any]) -> Refusal | None:
+    """With ownership on, why a sender's message is refused: its verified author does not own its event."""
+    settings = context.settings
+    if not settings.event_ownership:
+        return None
+    event = event_name(headers)
+    owner, author = owner_of_event(event, settings.event_owners), headers.get(FIRED_BY) or None
+    if author == owner:
+        return None
+    fired = f"fired by {author!r}" if author else "fired by a user that stands for no service (nothing verified)"
+    return Refusal(Reason.NOT_OWNER, NotOwner(f"event {event!r} belongs to {owner!r}, but this one was {fired}"))
 
 
 def decoding_failed(exc: Exception) -> Refusal:
@@ -144,7 +192,7 @@ def decoding_failed(exc: Exception) -> Refusal:
     return Refusal(Reason.UNDECODABLE, exc)
 
 
-def timing(message: Message, context: ServiceContext, body: Any) -> Verdict | None:
+def timing(message: Message, context: ServiceContext, handler: Handler, body: Any) -> Verdict | None:
     """Celery's ``expires`` and ``eta``, which the library never sets: an expired message is archived, and one
     that is not due yet waits on the broker's ladder (a worker never holds it); both headers go once it runs."""
     headers = message.headers
@@ -161,23 +209,22 @@ def timing(message: Message, context: ServiceContext, body: Any) -> Verdict | No
         headers["expires"] = isoformat(expires)
     info = message.delivery_info or {}
     exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
-    queue = context.handlers[headers["task"]].queue  # runnable: its handler is there
+    queue = handler.queue
     delay = delays.whole_seconds(min(delays.seconds_until(eta, now), delays.MAX_DELAY))
     return Early(Delivery(headers, queue, exchange, routing_key, body[0], body[1]), delay)
 
 
-def admit_batch(message: Message, context: ServiceContext, body: Any) -> Refusal | None:
-    """Why a worker cannot run the replay batch ``message``, if it cannot (all of it is archived, as it came)."""
-    task = str(message.headers.get("task"))
+def admit_batch(message: Message, handler: Handler, body: Any) -> Refusal | None:
+    """Why a worker cannot run the replay batch ``message`` for ``handler``, if it cannot (all of it is
+    archived, as it came)."""
     try:
-        batch.events_of(event_of(task), body)
+        batch.events_of(event_of(str(message.headers.get("task"))), body)
     except Exception as exc:
         return Refusal(Reason.UNDECODABLE, exc)
-    handler = context.handlers.get(task)
-    if handler is None:
-        return Refusal(Reason.UNKNOWN_EVENT, handling.unknown_event(context.name, task))
     if handler.ordered:  # a replay sends an ordered handler's events alone, to its partitions
-        return Refusal(Reason.UNDECODABLE, ValueError(f"a replay batch of {task!r}, whose handler is ordered"))
+        return Refusal(
+            Reason.UNDECODABLE, ValueError(f"a replay batch of {handler.task_name!r}, whose handler is ordered")
+        )
     return None
 
 
@@ -218,12 +265,12 @@ def decoded_delivery(message: Message, queue: str) -> Delivery:
     return Delivery(message.headers, queue, exchange, routing_key, args, kwargs)
 
 
-def delivery_of_message(message: Message, service: str) -> Delivery:
-    """A message no handler takes, kept byte for byte for the archive."""
+def delivery_of_message(message: Message, service: str, queue: str = "") -> Delivery:
+    """A message no handler takes, from ``queue`` (when known), kept byte for byte for the archive."""
     received = received_of(message)
     return Delivery(
         headers=received.headers,
-        queue=handling.origin_queue(service, received.exchange, received.routing_key),
+        queue=queue or routing.origin_queue(service, received.exchange, received.routing_key),
         exchange=received.exchange,
         routing_key=received.routing_key,
         raw_body=received.body,

@@ -34,6 +34,8 @@ from amqp_events.metrics import AVAILABLE
 from amqp_events.metrics.serve import MetricsServer, forget_process
 from amqp_events.settings import longest_life_of_a_duplicate
 from amqp_events.topology.layout import heartbeats_exchange
+from amqp_events.transport.publisher import publishing_user
+from amqp_events.wire.heartbeats import heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +176,10 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.producer is None:
             return
         interval = c.app.events_settings.heartbeat_interval
-        body: dict[str, Any] = {"service": c.app.service, "worker": c.hostname, "state": state, "time": time.time()}
         breakers = breakers_of(c.app)
-        if breakers is not None:
-            body["breakers"], body["health"] = breakers.states(), breakers.health()
+        states = (breakers.states(), breakers.health()) if breakers is not None else (None, None)
+        body = heartbeat(c.app.service, c.hostname, state, time.time(), *states)
+        user = publishing_user(c.connection)
         try:
             self.producer.publish(
                 json.dumps(body),
@@ -185,6 +187,7 @@ class Heartbeat(bootsteps.StartStopStep):  # type: ignore[misc]
                 content_encoding="utf-8",
                 delivery_mode=1,
                 expiration=3 * interval,
+                **({"user_id": user} if user else {}),  # verified by the broker: listeners believe it
             )
         except Exception as exc:  # a heartbeat must never stop the worker
             logger.debug("heartbeat not sent: %s", exc)

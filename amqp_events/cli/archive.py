@@ -174,7 +174,13 @@ def archive_replay(store: Archive, selection: Selection, dry_run: bool, new_id: 
     for message_id in report.replayed:
         click.echo(f"replayed {message_id}")
     click.echo(f"replayed {len(report.replayed)} message(s)")
-    _gone(chosen, [*report.replayed, *report.unroutable])
+    _gone(chosen, [*report.replayed, *report.unroutable, *report.cut])
+    if report.cut:
+        click.echo(
+            f"{len(report.cut)} message(s) stayed in the archive: their body was cut when they were archived (too "
+            f"large), so they cannot run again (`archive show` says what was cut): {', '.join(report.cut)}",
+            err=True,
+        )
     if report.unroutable:
         raise click.ClickException(
             f"{len(report.unroutable)} message(s) stayed in the archive: their queue does not exist "

@@ -33,6 +33,7 @@ from amqp_events.archive import Selection
 from amqp_events.clock import parse_moment
 from amqp_events.console.fleet import Fleet
 from amqp_events.console.index import Snapshot
+from amqp_events.console.urls import SegmentRoute
 from amqp_events.errors import BadArguments, SteeringError
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import Reason
@@ -73,16 +74,34 @@ def chosen(values: dict[str, Any], default_limit: int | None = None) -> Selectio
     return Selection.of(ids=ids, event=event, reason=reason, limit=limit, since=since_time)
 
 
+#: Bytes of a body the console shows (its payload and arguments); a larger one is only described: an answer
+#: stays small whatever the archive holds (``archive show`` and ``export`` give it whole).
+SHOWN_BODY = 256 * 1024
+#: Characters of one header value it shows.
+SHOWN_HEADER = 1000
+
+
 def detail(message: ArchivedMessage) -> dict[str, Any]:
-    """An archived message as the console shows it: its summary, arguments, traceback, trace and headers."""
+    """An archived message as the console shows it: its summary, arguments, traceback, trace and headers, each
+    bounded (``not_shown`` says what was left out)."""
+    shown = len(message.body) <= SHOWN_BODY
     return {
         **message.summary(),
-        "payload": message.payload,
-        "arguments": message.named_arguments,
+        "payload": message.payload if shown else None,
+        "arguments": message.named_arguments if shown else None,
+        "body_bytes": len(message.body),
+        "not_shown": None
+        if shown
+        else f"its body is {len(message.body)} bytes, more than the console shows ({SHOWN_BODY}): "
+        "`amqp-events archive show` or `export` gives it",
         "traceback": message.traceback,
         "last_failure_at": message.last_failure_at.isoformat() if message.last_failure_at else None,
         "trace_id": trace_id(message.headers.get("traceparent")),
-        "headers": {name: value for name, value in message.headers.items() if isinstance(value, str | int | float)},
+        "headers": {
+            name: value[:SHOWN_HEADER] if isinstance(value, str) else value
+            for name, value in message.headers.items()
+            if isinstance(value, str | int | float)
+        },
     }
 
 
@@ -240,6 +259,8 @@ async def body_of(request: Request) -> dict[str, Any]:
         values = await request.json()
     except ValueError:
         raise HTTPException(400, "the request's body is not JSON") from None
+    except RecursionError:  # the JSON parser recurses once a level: deeper than the interpreter allows
+        raise HTTPException(400, "the request's body is nested too deep") from None
     if not isinstance(values, dict):
         raise HTTPException(400, "the request's body is not a JSON object")
     return values
@@ -251,6 +272,8 @@ def by(request: Request) -> str:
     return f"{request.state.who.name}@console({client})"
 
 
+#: Message ids and handler names are whatever producers and operators chose: read from the path as it was sent
+#: (:class:`~amqp_events.console.urls.SegmentRoute`), a ``/`` in one is part of it.
 routes = [
     Route("/api/fleet", fleet),
     Route("/api/audit", audit),
@@ -258,12 +281,12 @@ routes = [
     Route("/api/services/{service}/groups/{id}", group),
     Route("/api/services/{service}/groups/{id}/replay", replay_group, methods=["POST"]),
     Route("/api/services/{service}/groups/{id}/purge", purge_group, methods=["POST"]),
-    Route("/api/services/{service}/archive/{id}/retry", retry_edited, methods=["POST"]),
+    SegmentRoute("/api/services/{service}/archive/{id}/retry", retry_edited, methods=["POST"]),
     Route("/api/services", services),
     Route("/api/services/{service}/archive", archive),
     Route("/api/services/{service}/archive/replay", replay, methods=["POST"]),
     Route("/api/services/{service}/archive/purge", purge, methods=["POST"]),
-    Route("/api/services/{service}/archive/{id}", archived_one),
-    Route("/api/services/{service}/handlers/{handler}/pause", pause, methods=["POST"]),
-    Route("/api/services/{service}/handlers/{handler}/resume", resume, methods=["POST"]),
+    SegmentRoute("/api/services/{service}/archive/{id}", archived_one),
+    SegmentRoute("/api/services/{service}/handlers/{handler}/pause", pause, methods=["POST"]),
+    SegmentRoute("/api/services/{service}/handlers/{handler}/resume", resume, methods=["POST"]),
 ]

@@ -26,10 +26,14 @@ from amqp_events.console.api import REASONS, chosen, fleet_of
 from amqp_events.console.discovery import ServiceQueues, increments, summed
 from amqp_events.console.fleet import Fleet
 from amqp_events.console.index import Entry
+from amqp_events.console.urls import segment
 from amqp_events.topology.names import service_queue_name
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
+#: ``{{ message.id | segment }}``: a value put into a URL's path, quoted whole (never ``urlencode``: it leaves
+#: ``/`` and ``.`` alone, and a browser resolves them).
+templates.env.filters["segment"] = segment
 #: Messages a service's page lists at most (the API lists more; "Replay all matching" takes every one).
 PAGE_LIMIT = 500
 ACTIONS = ("replay", "purge", "edit", "pause", "resume")

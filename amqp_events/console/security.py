@@ -40,6 +40,8 @@ class Who:
 
     name: str
     role: str
+    #: Let in by a bearer token the console knows: a script, which sends no cookie, so needs no CSRF token.
+    by_token: bool = False
 
     @property
     def may_change(self) -> bool:
@@ -77,11 +79,10 @@ class Access:
         """Who sent a request with this ``Authorization`` header (``None``: nobody the console knows)."""
         if not self.configured:
             return Who("local", OPERATOR) if loopback else None
+        holder = self.token_holder(authorization)
+        if holder is not None:
+            return holder
         scheme, _, credentials = (authorization or "").partition(" ")
-        if scheme.lower() == "bearer":
-            for token, role in self.tokens.items():
-                if hmac.compare_digest(token.encode(), credentials.strip().encode()):
-                    return Who("token", role)
         if scheme.lower() == "basic":
             try:
                 name, _, password = base64.b64decode(credentials.strip()).decode("utf-8").partition(":")
@@ -93,29 +94,48 @@ class Access:
                 return Who(name, role)
         return None
 
+    def token_holder(self, authorization: str | None) -> Who | None:
+        """Who sent a bearer token the console knows, if that is what ``authorization`` is (a compare, no hash)."""
+        scheme, _, credentials = (authorization or "").partition(" ")
+        if scheme.lower() == "bearer":
+            for token, role in self.tokens.items():
+                if hmac.compare_digest(token.encode(), credentials.strip().encode()):
+                    return Who("token", role, by_token=True)
+        return None
+
 
 class LoginThrottle:
-    """Failed logins per client: after ``limit`` within ``window`` seconds, that client is refused until the
-    oldest of them is ``window`` seconds old (a password cannot be guessed at the speed of the machine)."""
+    """Logins per client that failed or are still being checked: once ``limit`` of them are less than ``window``
+    seconds old, that client's next ones are refused unchecked (a password cannot be guessed at the speed of
+    the machine, nor by sending many at once: a login counts from when it arrives, not from its answer)."""
 
     def __init__(self, limit: int = 10, window: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.limit, self.window, self.clock = limit, window, clock
-        self._failures: dict[str, deque[float]] = {}
+        self._attempts: dict[str, deque[float]] = {}
 
-    def refuses(self, client: str) -> bool:
-        failures = self._failures.get(client)
-        if not failures:
-            return False
-        while failures and failures[0] <= self.clock() - self.window:
-            failures.popleft()
-        if not failures:
-            del self._failures[client]
-        return len(failures) >= self.limit
+    def attempt(self, client: str) -> float | None:
+        """Count a login of ``client`` as failed from now on, until :meth:`succeeded` says otherwise, and return
+        when it started; ``None``: refused, ``client`` has had its ``limit`` already."""
+        now = self.clock()
+        attempts = self._attempts.get(client)
+        if attempts is None:
+            if len(self._attempts) >= 10_000:  # bounded: a flood of addresses forgets the oldest first
+                self._attempts.pop(next(iter(self._attempts)))
+            attempts = self._attempts[client] = deque()
+        while attempts and attempts[0] <= now - self.window:
+            attempts.popleft()
+        if len(attempts) >= self.limit:
+            return None
+        attempts.append(now)
+        return now
 
-    def failed(self, client: str) -> None:
-        if len(self._failures) > 10_000:  # bounded: a flood of addresses forgets the oldest first
-            self._failures.pop(next(iter(self._failures)))
-        self._failures.setdefault(client, deque()).append(self.clock())
+    def succeeded(self, client: str, started: float) -> None:
+        """The login of ``client`` that :meth:`attempt` counted at ``started`` was right: it does not count."""
+        attempts = self._attempts.get(client)
+        if attempts is not None and started in attempts:  # else already older than the window
+            attempts.remove(started)
+            if not attempts:
+                del self._attempts[client]
 
 
 def allowed_hosts(bind_host: str, names: Iterable[str] = ()) -> list[str]:

@@ -4,9 +4,12 @@ Every request is authenticated first (:mod:`amqp_events.console.security`):
 an unknown caller gets a 401 asking for HTTP Basic credentials. A change
 (any ``POST``) also needs the operator role and the CSRF token: the page
 sets it in the ``csrf`` cookie and sends it back in the ``X-CSRF-Token``
-header (double submit); a script with a bearer token sends no cookie and
-is not a browser a forged page could drive, so it needs none. Errors are
-JSON ``{"error": ...}`` with a 4xx status, never a traceback.
+header (double submit); a script with a bearer token the console knows
+sends no cookie and is not a browser a forged page could drive, so it
+needs none. Errors are JSON ``{"error": ...}`` with a 4xx status, never a
+traceback. Every answer forbids framing (a page of another site could
+make an operator click Replay or Purge in a hidden frame), sniffing and
+scripts from anywhere but the console's own static files.
 """
 
 from __future__ import annotations
@@ -18,20 +21,34 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from amqp_events.console import api, pages
 from amqp_events.console.fleet import Fleet
 from amqp_events.console.security import Access, LoginThrottle, Who, csrf_matches, csrf_token, is_loopback
+from amqp_events.console.urls import back_to
 from amqp_events.errors import ManagementError, PermissionRefused, UnknownService
 
 logger = logging.getLogger(__name__)
 CSRF_COOKIE, CSRF_HEADER = "csrf", "x-csrf-token"
+#: On every answer. The pages' scripts and styles are files of the console's own (no inline ones, no eval);
+#: Pico CSS draws its icons from data: URIs.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
+        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 def console_app(fleet: Fleet, access: Access, hosts: list[str] | None = None) -> Starlette:
@@ -44,7 +61,7 @@ def console_app(fleet: Fleet, access: Access, hosts: list[str] | None = None) ->
         yield
         fleet.stop()
 
-    app = Starlette(
+    app = ConsoleApp(
         routes=[*pages.routes, *api.routes],
         middleware=[
             Middleware(TrustedHostMiddleware, allowed_hosts=hosts or ["*"]),  # before anything else: DNS rebinding
@@ -64,6 +81,33 @@ def console_app(fleet: Fleet, access: Access, hosts: list[str] | None = None) ->
     return app
 
 
+class ConsoleApp(Starlette):
+    """Starlette, with :data:`SECURITY_HEADERS` put on every answer: around Starlette's own outermost layer, which
+    answers an unexpected exception (a 500) outside any middleware added the usual way."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack())
+
+
+class SecurityHeaders:
+    """Puts :data:`SECURITY_HEADERS` on every HTTP answer of ``app``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(SECURITY_HEADERS)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
 class Guard(BaseHTTPMiddleware):
     """Authentication, the operator role and the CSRF token for changes; a CSRF cookie for every browser."""
 
@@ -75,13 +119,20 @@ class Guard(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         client = request.client.host if request.client else ""
         authorization = request.headers.get("authorization")
-        if authorization and self.throttle.refuses(client):
-            return JSONResponse({"error": "too many failed logins from this address: wait a minute"}, 429)
-        # PBKDF2 takes a fraction of a second: in a thread, so that the event loop serves others meanwhile.
-        who = await run_in_threadpool(self.access.who, authorization, is_loopback(client))
+        # A token is a long random secret, not a password one could guess: it gets in even while its address is
+        # refused logins (a wrong one is a failed login, below).
+        who = self.access.token_holder(authorization)
+        if who is None and authorization:
+            started = self.throttle.attempt(client)  # counted now: guesses sent at once are counted at once
+            if started is None:
+                return JSONResponse({"error": "too many failed logins from this address: wait a minute"}, 429)
+            # PBKDF2 takes a fraction of a second: in a thread, so that the event loop serves others meanwhile.
+            who = await run_in_threadpool(self.access.who, authorization, is_loopback(client))
+            if who is not None:
+                self.throttle.succeeded(client, started)
+        elif who is None:
+            who = self.access.who(None, is_loopback(client))  # no credentials: nothing to hash
         if who is None:
-            if authorization:
-                self.throttle.failed(client)
             return JSONResponse(
                 {"error": "authentication required"},
                 status_code=401,
@@ -101,8 +152,7 @@ class Guard(BaseHTTPMiddleware):
     def _refuses_change(self, request: Request, who: Who) -> str | None:
         if not who.may_change:
             return f"{who.name} may only look (role {who.role})"
-        bearer = request.headers.get("authorization", "").lower().startswith("bearer ")
-        if not bearer and not csrf_matches(request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)):
+        if not who.by_token and not csrf_matches(request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)):
             return "missing or wrong CSRF token: reload the page"
         return None
 
@@ -111,7 +161,13 @@ def answer(request: Request, error: str, status: int) -> Response:
     """An error as the API's JSON, or as a page for a browser's page request (never raw JSON in a page)."""
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": error}, status_code=status)
-    context: dict[str, Any] = {"services_nav": [], "who": getattr(request.state, "who", None), "error": error}
+    sent = request.scope.get("raw_path") or request.url.path.encode()
+    context: dict[str, Any] = {
+        "services_nav": [],
+        "who": getattr(request.state, "who", None),
+        "error": error,
+        "again": back_to(sent.decode("latin-1")),
+    }
     return pages.templates.TemplateResponse(request, "error.html", context, status_code=status)
 
 

@@ -32,8 +32,10 @@ from amqp_events.core.policy import RetryPolicy
 from amqp_events.coroutines import complete, is_coroutine_handler
 from amqp_events.settings import Settings
 from amqp_events.topology import Topology, service_topology
+from amqp_events.topology.names import is_partition_queue
 from amqp_events.transport.base import Transport
 from amqp_events.wire.message import OutgoingMessage
+from amqp_events.wire.trust import Identity
 
 M = TypeVar("M", bound="Middleware")
 #: A handler's call as middleware see it: the attempt, the positional and the keyword arguments.
@@ -243,15 +245,25 @@ class ServiceContext:
         return self.clock.now()
 
     @cached_property
-    def addressed(self) -> Mapping[str, Mapping[str, tuple[Handler, ...]]]:
-        """The handlers of each event that has named handlers, by the queue each takes it from (the others
-        have one handler: a message of theirs is for it)."""
-        by_event: dict[str, dict[str, tuple[Handler, ...]]] = {}
+    def _takers(self) -> Mapping[str, tuple[Handler, ...]]:
+        by_queue: dict[str, tuple[Handler, ...]] = {}
         for handler in self.handlers.values():
-            queues = by_event.setdefault(handler.event, {})
-            queues[handler.queue] = (*queues.get(handler.queue, ()), handler)
-        named = {handler.event for handler in self.handlers.values() if handler.label is not None}
-        return {event: queues for event, queues in by_event.items() if event in named}
+            by_queue[handler.queue] = (*by_queue.get(handler.queue, ()), handler)
+        return by_queue
+
+    def takers(self, queue: str) -> tuple[Handler, ...]:
+        """The handlers that take their events from ``queue`` (a service queue is shared by all its unordered
+        handlers, a partition by all its ordered ones)."""
+        found = self._takers.get(queue)
+        if found is None and is_partition_queue(queue, self.name):
+            found = tuple(handler for handler in self.handlers.values() if handler.ordered)
+        return found or ()
+
+    @cached_property
+    def identity(self) -> Identity:
+        """Who this service is on its broker: what the ``user_id`` of a message it takes means to it."""
+        settings = self.settings
+        return Identity(self.name, self.transport.user, settings.service_users, frozenset(settings.trusted_users))
 
     @cached_property
     def topology(self) -> Topology:

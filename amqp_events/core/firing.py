@@ -18,9 +18,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypedDict
 
 from amqp_events.core.context import Firing, ServiceContext
-from amqp_events.errors import PublishError, TopologyMissing
+from amqp_events.errors import NotOwner, PublishError, TopologyMissing
 from amqp_events.topology import check_event_name, delays
 from amqp_events.topology.names import slot_of
+from amqp_events.topology.ownership import owner_of_event, owns
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import EVENT_SLOT, OutgoingMessage, event_envelope, event_key, new_event_id
 
@@ -209,6 +210,12 @@ def fired_message(
     """The message that fires ``event`` at once, and how many seconds it must wait first (no validation of
     the arguments; ``key`` is checked by :func:`~amqp_events.wire.message.event_key`)."""
     check_event_name(event)
+    if not owns(context.settings, context.name, event):
+        owner = owner_of_event(event, context.settings.event_owners)
+        raise NotOwner(
+            f"service {context.name!r} may not fire {event!r}: with event ownership on, it is {owner!r}'s "
+            "(amqp_events_event_owners can give it to another service)"
+        )
     key = None if key is None else event_key(key)
     now = context.now()
     if (wire_format or context.settings.wire_format) == "cloudevents":

@@ -1,8 +1,8 @@
 """The handling pipeline: every message a service's worker takes goes through here, whatever runs the worker.
 
 * :func:`receive`: a message as it arrived, through the ``before_receive``
-  hooks (a CloudEvent is read into the library's form), then
-  :func:`runnable` says whether a handler of this service can take it.
+  hooks (a CloudEvent is read into the library's form); then
+  :func:`amqp_events.core.routing.route` says which handler of this service takes it.
 * :func:`handle`: a handler's run, from the middleware's ``before_handle``
   to its settled outcome (:mod:`amqp_events.core.outcome` decides it,
   :mod:`amqp_events.core.settle` publishes its copy).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
@@ -33,10 +33,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal, waiting_for_eta
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
-from amqp_events.topology import delays, event_queue_name
-from amqp_events.topology.moving import task_of_queue
-from amqp_events.topology.names import is_direct_exchange, to_queue
-from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, Reason, copy_headers, event_id, is_task_body
+from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
 
@@ -59,101 +56,6 @@ def receive(context: ServiceContext, received: Received) -> Received:
     for before in context.middleware.before_receive:
         received = before(context, received)
     return received
-
-
-def runnable(context: ServiceContext, headers: Mapping[str, Any], body: Any) -> tuple[Reason, Exception] | None:
-    """Why a worker of this service cannot run a message with ``headers`` and decoded ``body``, if it cannot."""
-    if not is_task_body(body):
-        return Reason.UNDECODABLE, ValueError("the body is not a Celery task body [args, kwargs, embed]")
-    name = headers.get("task")
-    if not name:
-        return Reason.UNDECODABLE, not_an_event()
-    if name not in context.handlers:
-        return Reason.UNKNOWN_EVENT, unknown_event(context.name, name)
-    return None
-
-
-def address(
-    context: ServiceContext, headers: dict[str, Any], queue: Callable[[], str], sent_to: str = ""
-) -> tuple[Handler, ...]:
-    """Name in ``headers`` the handler a message is for, when its event has named handlers in this service;
-    returns the handlers it must be copied to instead, when it came in for several of them (a fired event in
-    the queue they share: ``amqp_events_queue_layout = "per_service"``).
-
-    A copy for one handler names it (``for_handler``; a retry, a replay keep it); one sent to a handler's own
-    queue by its name (``sent_to``: a retry or a replay of the per-handler layout, perhaps routed to this
-    layout's queue since: :mod:`amqp_events.topology.moving`) is for that handler; a fired event is for the
-    handlers that take its event from the queue it was consumed from (``queue()``).
-    """
-    task = headers.get("task")
-    if not isinstance(task, str):
-        return ()
-    wanted = headers.get(FOR_HANDLER)
-    if isinstance(wanted, str):
-        headers["task"] = wanted
-        return ()
-    owner = context.handlers.get(task_of_queue(context.name, sent_to) or "") if sent_to else None
-    if owner is not None and owner.event == task.partition(":")[0]:
-        headers["task"] = owner.task_name
-        return ()
-    by_queue = context.addressed.get(task)
-    if by_queue is None:
-        return ()
-    found = by_queue.get(queue(), ())
-    if len(found) == 1:
-        headers["task"] = found[0].task_name
-        return ()
-    return found
-
-
-def one_for_each(headers: Mapping[str, Any], body: Any, handlers: tuple[Handler, ...]) -> list[OutgoingMessage]:
-    """A copy of a fired event for each of ``handlers``, naming it: each then runs, retries and is archived
-    on its own."""
-    retries = int(headers.get("retries") or 0)
-    return [
-        OutgoingMessage(
-            *to_queue(handler.queue),
-            copy_headers(headers, retries, task=handler.task_name, **{FOR_HANDLER: handler.task_name}),
-            body,
-            event_id(headers),
-        )
-        for handler in handlers
-    ]
-
-
-def not_an_event() -> Exception:
-    return ValueError("no 'task' header: not an event")
-
-
-def unknown_event(service: str, name: object) -> Exception:
-    return LookupError(f"service {service!r} has no handler for event {name!r}")
-
-
-def sent_to_queue(exchange: str, routing_key: str) -> str:
-    """The queue a message was sent to alone, by its name (a retry, a replay), or ""."""
-    if is_direct_exchange(exchange):
-        return routing_key
-    if exchange != delays.DELIVERY_EXCHANGE and not exchange.startswith(f"{delays.PREFIX}.delay."):
-        return ""
-    try:  # off the delay ladder (through its last level's exchange, or the delivery exchange)
-        kind, _, name = delays.decode_routing_key(routing_key)[1].partition(".")
-    except ValueError:
-        return ""
-    return name if kind == "queue" else ""
-
-
-def origin_queue(service: str, exchange: str, routing_key: str) -> str:
-    """The queue of ``service`` a message was consumed from, worked out from how it was routed."""
-    try:
-        if exchange == delays.DELIVERY_EXCHANGE:
-            _, destination = delays.decode_routing_key(routing_key)
-            kind, _, name = destination.partition(".")
-            return name if kind == "queue" else event_queue_name(service, name)
-        if exchange == "" or is_direct_exchange(exchange):  # sent to that one queue by its name
-            return routing_key
-        return event_queue_name(service, routing_key)
-    except ValueError:  # also InvalidName
-        return ""
 
 
 # -- a handler's run ---------------------------------------------------------------------------------------

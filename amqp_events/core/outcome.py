@@ -32,6 +32,7 @@ from amqp_events.topology import delays
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.archived import Delivered, Failure, archived_message
 from amqp_events.wire.message import (
+    ARCHIVE_CUT,
     FAILED_SECTION,
     FIRST_FAILURE_AT,
     JSON,
@@ -284,6 +285,7 @@ def archive(
         first_failure_at=parse_time(delivery.headers.get(FIRST_FAILURE_AT)),
         now=now,
         section=section,
+        cut=str(delivery.headers.get(ARCHIVE_CUT) or ""),
     )
     if delivery.raw_body is not None:
         body, content_type, content_encoding = delivery.raw_body, delivery.content_type, delivery.content_encoding

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from amqp_events.errors import Refused
+from amqp_events.topology.ownership import topic_matches
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import (
     DUE_AT,
@@ -22,6 +23,7 @@ from amqp_events.wire.message import (
     event_name,
     parse_time,
 )
+from amqp_events.wire.trust import Identity, vouch
 
 if TYPE_CHECKING:
     from amqp_events.core.context import ServiceContext
@@ -59,7 +61,13 @@ class HistoricEvent:
         return self._arguments[1]
 
     @classmethod
-    def read(cls, offset: int, message: StoredMessage) -> HistoricEvent:
+    def read(cls, offset: int, message: StoredMessage, reader: Identity | None = None) -> HistoricEvent:
+        """The event at ``offset``; as ``reader`` may believe it, when given (:mod:`amqp_events.wire.trust`: its
+        verified author, and none of the headers only the reader's own copies may carry)."""
+        if reader is not None:
+            vouched = dict(message.headers)
+            vouch(reader, message.user_id, vouched)
+            message = replace(message, headers=vouched)
         headers = message.headers
         if cloud_events.is_cloud_event(headers, message.content_type):
             # Unreadable: listed with what its headers say (a worker archives it with the reason).
@@ -145,11 +153,15 @@ def start_of(query: Query) -> int | datetime:
 
 
 def events_in(
-    messages: Iterator[tuple[int, StoredMessage]], query: Query, names: Callable[[str], Sequence[str]]
+    messages: Iterator[tuple[int, StoredMessage]],
+    query: Query,
+    names: Callable[[str], Sequence[str]],
+    reader: Identity | None = None,
 ) -> Iterator[HistoricEvent]:
-    """The events of a stream reading that ``query`` takes, stopping well past its ``until``."""
+    """The events of a stream reading that ``query`` takes (as ``reader`` believes them), stopping well past its
+    ``until``."""
     for offset, message in messages:
-        event = HistoricEvent.read(offset, message)
+        event = HistoricEvent.read(offset, message, reader)
         if query.until is not None and event.at is not None and event.at >= query.until + CLOCK_MARGIN:
             return
         if query.matches(event, names(event.event)):
@@ -176,20 +188,6 @@ def parse_where(conditions: Sequence[str]) -> dict[str, str]:
             raise ValueError(f"a condition is NAME=VALUE, not {condition!r}")
         where[name.strip()] = value
     return where
-
-
-def topic_matches(pattern: str, name: str) -> bool:
-    """Does ``name`` match ``pattern`` as a topic binding would (``*`` one word, ``#`` zero or more)?"""
-    return _words_match(pattern.split("."), name.split("."))
-
-
-def _words_match(pattern: list[str], words: list[str]) -> bool:
-    if not pattern:
-        return not words
-    first, rest = pattern[0], pattern[1:]
-    if first == "#":
-        return any(_words_match(rest, words[skip:]) for skip in range(len(words) + 1))
-    return bool(words) and first in ("*", words[0]) and _words_match(rest, words[1:])
 
 
 def _arguments(message: StoredMessage) -> tuple[list[Any] | None, dict[str, Any] | None]:

@@ -187,7 +187,7 @@ class HistoryReplay:
         batches = Batches(batch, report.replay)
         with self.context.transport.read_stream(HISTORY_STREAM, start) as reading:
             report.end = reading.end
-            for event in events_in(reading.messages, self.query, self.names):
+            for event in events_in(reading.messages, self.query, self.names, self.context.identity):
                 next_offset = event.offset + 1
                 if progress:
                     progress(event.offset, reading.end)

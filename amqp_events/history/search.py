@@ -73,7 +73,7 @@ class History:
         """The events ``query`` takes, oldest first (at most ``limit``)."""
         found: list[HistoricEvent] = []
         with self.context.transport.read_stream(HISTORY_STREAM, start_of(query)) as reading:
-            for event in events_in(reading.messages, query, self.names):
+            for event in events_in(reading.messages, query, self.names, self.context.identity):
                 found.append(event)
                 if limit is not None and len(found) >= limit:
                     break
@@ -103,7 +103,7 @@ class History:
         """The event at ``offset``, or the first one after it that the history keeps."""
         with self.context.transport.read_stream(HISTORY_STREAM, offset) as reading:
             for found, message in reading.messages:
-                return HistoricEvent.read(found, message)
+                return HistoricEvent.read(found, message, self.context.identity)
         return None
 
     def unfinished_replay(self) -> Cursor | None:
@@ -115,5 +115,5 @@ class History:
         stats = Stats()
         with self.context.transport.read_stream(HISTORY_STREAM, 0) as reading:
             for offset, message in reading.messages:
-                stats.add(HistoricEvent.read(offset, message))
+                stats.add(HistoricEvent.read(offset, message, self.context.identity))
         return stats

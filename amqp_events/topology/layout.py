@@ -61,7 +61,7 @@ NO_DELIVERY_LIMIT = 2**31 - 1
 RETENTION = ("x-max-age", "x-max-length-bytes", "x-stream-max-segment-size-bytes")
 #: Arguments an existing queue may lack (created by an earlier version, or by hand) or have otherwise: it is kept
 #: as it is (see :func:`amqp_events.transport.declare.declare_topology`), and ``topology check`` notes it.
-KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT, *RETENTION, *DEAD_LETTERING)
+KEPT_AS_THEY_ARE = (*PLACEMENT, DELIVERY_LIMIT, *RETENTION, *DEAD_LETTERING, "x-overflow")
 #: Dead-lettering that waits for the target queue's confirm instead of dropping on failure.
 SAFE_DEAD_LETTERING: dict[str, object] = {
     "x-dead-letter-strategy": "at-least-once",
@@ -186,6 +186,12 @@ def quorum(settings: Settings) -> dict[str, object]:
     return arguments
 
 
+def refusing_past(max_bytes: int) -> dict[str, object]:
+    """A shared queue's bound: past it the broker refuses a publish (a nack to its publisher, or a dead letter
+    that waits) instead of dropping what the queue holds."""
+    return {"x-max-length-bytes": max_bytes, "x-overflow": "reject-publish"}
+
+
 def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[Binding]]:
     """The shared delay ladder, the delivery exchange and the unroutable catch-all."""
     unroutable_exchange = shared_exchange(delays.UNROUTABLE, "fanout", settings)
@@ -200,7 +206,11 @@ def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[
             routing_key="",
             durable=True,
             auto_delete=False,
-            queue_arguments={**quorum(settings), **bounded(UNROUTABLE_TTL_MS, UNROUTABLE_MAX_LENGTH)},
+            queue_arguments={
+                **quorum(settings),
+                **bounded(UNROUTABLE_TTL_MS, UNROUTABLE_MAX_LENGTH),
+                **refusing_past(settings.shared_queue_max_bytes),
+            },
         )
     ]
     for level, exchange in levels.items():
@@ -216,6 +226,7 @@ def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[
                 queue_arguments={
                     **quorum(settings),
                     **SAFE_DEAD_LETTERING,
+                    **refusing_past(settings.shared_queue_max_bytes),
                     "x-message-ttl": delays.level_ttl_ms(level),
                     "x-dead-letter-exchange": after.name,
                 },

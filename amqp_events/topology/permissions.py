@@ -8,7 +8,9 @@ heartbeats exchange; it reads (binds from) the
 events, delivery and heartbeats exchanges, and the history stream when it keeps history. It never configures
 them: an administrator declares them, and the service only checks them (``amqp_events_shared_topology =
 "check"``). Topic permissions keep its delayed copies and its queues' delivery bindings to its own queues
-(and to events, which anyone may fire).
+(and to events, which anyone may fire); with event ownership on (``amqp_events_event_ownership``), they keep
+what it fires, on the events exchange and through the ladder, to the events it owns
+(:mod:`amqp_events.topology.ownership`).
 
 Without write on the default exchange (``amq.default``), without read on the ladder's queues and without
 configure on anything shared, a service cannot put a message into another's queue or archive (other than by
@@ -28,6 +30,7 @@ from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.layout import HEARTBEATS
 from amqp_events.topology.names import HISTORY_STREAM, check_service_name, control_namespace
+from amqp_events.topology.ownership import owned_regex
 
 
 @dataclass(frozen=True)
@@ -58,14 +61,19 @@ def service_grants(service: str, settings: Settings) -> Grants:
     bits = rf"([01]\.){{{delays.LEVELS}}}"
     stars = rf"(\*\.){{{delays.LEVELS}}}"
     destinations = rf"(queue\.{name}[.:]|event\.).+"
+    topics = [
+        (delays.ENTRY_EXCHANGE, f"^{bits}{destinations}$", "^$"),
+        (delays.DELIVERY_EXCHANGE, "^$", f"^{stars}{destinations}$"),
+    ]
+    if settings.event_ownership:  # it fires its own events alone, now or after a delay; it may bind any event
+        owned = owned_regex(service, settings.event_owners)
+        topics[0] = (delays.ENTRY_EXCHANGE, rf"^{bits}(queue\.{name}[.:].+|event\.({owned}))$", "^$")
+        topics.append((settings.exchange, f"^({owned})$", ".*"))
     return Grants(
         configure=_one_of(*own),
         write=_one_of(*own, events, entry, heartbeats),
         read=_one_of(*own, events, delivery, heartbeats, *history),
-        topics=(
-            (delays.ENTRY_EXCHANGE, f"^{bits}{destinations}$", "^$"),
-            (delays.DELIVERY_EXCHANGE, "^$", f"^{stars}{destinations}$"),
-        ),
+        topics=tuple(topics),
     )
 
 

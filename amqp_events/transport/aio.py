@@ -37,6 +37,7 @@ from amqp_events.transport.publisher import (
     Connections,
     checks_shared,
     exchange_to_declare,
+    publishing_user,
 )
 from amqp_events.wire.message import OutgoingMessage
 
@@ -61,6 +62,8 @@ class AioPublisher:
     def __init__(self, app: Connections, timeout: float) -> None:
         self.app, self.timeout = app, timeout
         self.passive = checks_shared(app)
+        #: Every message's ``user_id``, which the broker verifies (:mod:`amqp_events.wire.trust`).
+        self.user = publishing_user(app.connection_for_write())
         self._links: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Link] = weakref.WeakKeyDictionary()
         self._connecting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
             weakref.WeakKeyDictionary()
@@ -97,7 +100,8 @@ class AioPublisher:
         link = await self._link()  # at once when the loop has one; else connecting, within its connect timeout
         try:
             exchange = await self._exchange(link, message)
-            result = await exchange.publish(_message_of(message), message.routing_key, mandatory=True, timeout=timeout)
+            sent = _message_of(message, self.user)
+            result = await exchange.publish(sent, message.routing_key, mandatory=True, timeout=timeout)
         except ChannelNotFoundEntity as exc:
             raise TopologyMissing(str(exc)) from exc
         except ChannelPreconditionFailed as exc:
@@ -215,7 +219,7 @@ class AioBatchPublisher:
         self._sent = []
 
 
-def _message_of(message: OutgoingMessage) -> aio_pika.Message:
+def _message_of(message: OutgoingMessage, user: str | None) -> aio_pika.Message:
     content_type, content_encoding, body = message.content_type, message.content_encoding, message.body
     if content_type is None:  # kombu's JSON serializer, as the blocking publisher encodes
         content_type, content_encoding, body = dumps(body, serializer="json")
@@ -226,6 +230,7 @@ def _message_of(message: OutgoingMessage) -> aio_pika.Message:
         content_encoding=content_encoding,
         delivery_mode=PERSISTENT,
         message_id=message.message_id,
+        user_id=user,
     )
 
 

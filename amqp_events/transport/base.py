@@ -73,6 +73,8 @@ class AwaitedBatch:
 class Transport(Protocol):
     #: Exceptions that mean the broker cannot be reached now (what an outbox relay waits out).
     errors: tuple[type[BaseException], ...]
+    #: The RabbitMQ user its messages go out as: their ``user_id``, which the broker verifies (``None``: not known).
+    user: str | None
 
     def publish(self, message: OutgoingMessage) -> bool:
         """Publish ``message`` with a confirm; ``False`` if no queue received it; :class:`TopologyMissing` if its

@@ -112,6 +112,7 @@ def _take_all(connection: Any, taken: deque[Any], waiting: int, removed: list[in
             body,
             properties.get("content_type"),
             properties.get("content_encoding"),
+            properties.get("user_id"),
         )
         yield stored, functools.partial(_remove, fetched.channel, fetched.delivery_tag, removed)
 

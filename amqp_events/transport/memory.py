@@ -67,7 +67,9 @@ class Envelope:
     enqueued_at: datetime | None = None
 
     def stored(self) -> StoredMessage:
-        return StoredMessage(self.headers, self.body, self.content_type, self.content_encoding)
+        return StoredMessage(
+            self.headers, self.body, self.content_type, self.content_encoding, self.properties.get("user_id")
+        )
 
 
 @dataclass

@@ -15,9 +15,10 @@ from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import Binding, Topology
 from amqp_events.transport import streams
 from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReading
+from amqp_events.transport.batches import ConfirmedBatchPublisher
 from amqp_events.transport.browse import browsing
 from amqp_events.transport.declare import declare_topology, rebind
-from amqp_events.transport.publisher import ConfirmedBatchPublisher, Connections, Publisher
+from amqp_events.transport.publisher import Connections, Publisher, publishing_user
 from amqp_events.transport.retire import Retired, delete_if_idle, retire_topology
 from amqp_events.wire.message import OutgoingMessage
 
@@ -30,6 +31,7 @@ class RabbitMQ:
         self.app = app
         self.timeout = publish_timeout
         self.publisher = Publisher(app, publish_timeout)
+        self.user = publishing_user(app.connection_for_write())
         self.errors: tuple[type[BaseException], ...] = (
             PublishError,
             OperationalError,

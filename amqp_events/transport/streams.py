@@ -97,7 +97,12 @@ def _messages(
                 return
             headers = {key: value for key, value in message.headers.items() if key != OFFSET}
             body = message.body if isinstance(message.body, bytes) else str(message.body).encode("utf-8")
-            yield offset, StoredMessage(headers, body, message.content_type, message.content_encoding)
+            yield (
+                offset,
+                StoredMessage(
+                    headers, body, message.content_type, message.content_encoding, message.properties.get("user_id")
+                ),
+            )
             if offset == end:
                 return
     finally:

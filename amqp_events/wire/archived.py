@@ -23,6 +23,7 @@ from amqp_events.topology.names import archive_queue_name, event_queue_name, own
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import (
     ARCHIVE_ATTEMPTS,
+    ARCHIVE_CUT,
     ARCHIVE_EXCEPTION_MESSAGE,
     ARCHIVE_EXCEPTION_TYPE,
     ARCHIVE_EXCHANGE,
@@ -65,6 +66,8 @@ class Failure:
     last_failure_at: datetime = field(default_factory=SYSTEM_CLOCK.now)
     #: The handler section it failed in ("" outside any section).
     section: str = ""
+    #: What of the message could not be kept as it came (:mod:`amqp_events.wire.limits`), "" when nothing.
+    cut: str = ""
 
     @classmethod
     def from_exception(
@@ -75,6 +78,7 @@ class Failure:
         first_failure_at: datetime | None = None,
         now: datetime | None = None,
         section: str = "",
+        cut: str = "",
     ) -> Failure:
         """``exc``, as the archive records it, at ``now``."""
         return cls(
@@ -86,6 +90,7 @@ class Failure:
             first_failure_at=first_failure_at,
             last_failure_at=now or SYSTEM_CLOCK.now(),
             section=section,
+            cut=cut,
         )
 
 
@@ -93,9 +98,9 @@ class Failure:
 class Delivered(StoredMessage):
     """A message as the worker received it, with where it came from: what an archived copy must keep."""
 
-    exchange: str
-    routing_key: str
-    queue: str
+    exchange: str = ""
+    routing_key: str = ""
+    queue: str = ""
 
 
 def archived_message(delivered: Delivered, failure: Failure, service: str, handler: str) -> OutgoingMessage:
@@ -125,6 +130,8 @@ def archived_message(delivered: Delivered, failure: Failure, service: str, handl
             ARCHIVED_AT: isoformat(now),
         }
     )
+    if failure.cut:
+        headers[ARCHIVE_CUT] = failure.cut
     return OutgoingMessage(
         *to_queue(archive_queue_name(service)),
         headers=headers,
@@ -172,6 +179,8 @@ class ArchivedMessage:
     content_encoding: str | None = None
     #: Its CloudEvents attributes, if it arrived as a CloudEvent (:mod:`amqp_events.wire.cloud_events`).
     cloud_event: dict[str, str] = field(default_factory=dict)
+    #: The RabbitMQ user that published this copy (the service's own, unless the broker itself archived it).
+    user_id: str | None = None
 
     @classmethod
     def of(cls, stored: StoredMessage) -> ArchivedMessage:
@@ -203,7 +212,18 @@ class ArchivedMessage:
             content_type=content_type,
             content_encoding=stored.content_encoding,
             cloud_event=cloud_event,
+            user_id=stored.user_id,
         )
+
+    @property
+    def cut(self) -> str:
+        """What of the message could not be kept as it came (headers dropped, a body cut), in words ("": none)."""
+        return str(self.headers.get(ARCHIVE_CUT) or "")
+
+    @property
+    def body_cut(self) -> bool:
+        """Was its body cut (so that it cannot run again)?"""
+        return "body cut" in self.cut
 
     @property
     def payload(self) -> Any:
@@ -248,6 +268,7 @@ class ArchivedMessage:
             "queue": self.queue,
             "cloudevent": self.cloud_event or None,
             "parks_key": self.headers.get(PARKS_KEY),
+            "cut": self.cut or None,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -267,6 +288,7 @@ class ArchivedMessage:
             "headers": _json_safe(self.headers),
             "body": body,
             "body_encoding": encoding,
+            "user_id": self.user_id,
         }
 
     @classmethod
@@ -274,7 +296,9 @@ class ArchivedMessage:
         raw = data["body"]
         body = base64.b64decode(raw) if data.get("body_encoding") == "base64" else raw.encode("utf-8")
         return cls.of(
-            StoredMessage(dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"))
+            StoredMessage(
+                dict(data["headers"]), body, data.get("content_type"), data.get("content_encoding"), data.get("user_id")
+            )
         )
 
 

@@ -12,10 +12,12 @@ Pure: no I/O.
 from __future__ import annotations
 
 import bz2
+import hashlib
 import lzma
 import zlib
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 from typing import Any
 
 from amqp_events.errors import TooLarge
@@ -25,8 +27,16 @@ MAX_HEADER_DEPTH = 16
 #: An AMQP short string (``message_id``, a routing key) holds at most 255 bytes.
 MAX_SHORT_STRING = 255
 #: A body, decompressed: RabbitMQ 4.0's default largest message (16 MiB), so that a retry or archived copy of it
-#: can be published again.
+#: can be published again (``amqp_events_max_body_bytes``).
 MAX_BODY = 16 * 1024 * 1024
+#: A count (retries, deliveries): anything larger is nonsense, and a copy must still count one more in an AMQP
+#: signed 32-bit integer.
+MAX_COUNT = 2**31 - 2
+#: Bytes a message's headers may take, encoded: a copy adds its own (an archived one about 6 KiB) and must still
+#: fit the one frame AMQP gives a message's properties (RabbitMQ's ``frame_max``, 128 KiB by default).
+MAX_HEADERS_BYTES = 64 * 1024
+#: Bytes of a body over the bound that an archived copy keeps, for an operator to see what it was.
+KEPT_BODY_BYTES = 4096
 #: Enough recursion for py-amqp to read the deepest header table a 128 KiB frame can hold (5 bytes a level),
 #: so that such a message reaches the checks here instead of stopping the consumer.
 DECODING_RECURSION = 131_072 // 5 + 2_000
@@ -41,15 +51,22 @@ def _short_string(value: Any) -> bool:
 
 
 def _count(value: Any) -> bool:
-    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT)
+
+
+def _counts(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and all(isinstance(key, str) and _count(n) and n is not None for key, n in value.items())
+    )
+
+
+def _seconds(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT)
 
 
 def _time_limits(value: Any) -> bool:
-    return value is None or (
-        isinstance(value, list | tuple)
-        and len(value) == 2
-        and all(item is None or (isinstance(item, int | float) and not isinstance(item, bool)) for item in value)
-    )
+    return value is None or (isinstance(value, list | tuple) and len(value) == 2 and all(map(_seconds, value)))
 
 
 def _iso_time(value: Any) -> bool:
@@ -88,8 +105,12 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "id": (lambda v: v is None or _short_string(v), "a string of 1 to 255 bytes"),
     "ce-id": (lambda v: v is None or _short_string(v), "a string of 1 to 255 bytes"),
     "for_handler": (lambda v: v is None or _short_string(v), "a handler's task name: a string of 1 to 255 bytes"),
-    "retries": (_count, "a count (an integer of 0 or more)"),
-    "lost_runs": (_count, "a count (an integer of 0 or more)"),
+    "retries": (_count, f"a count (an integer from 0 to {MAX_COUNT})"),
+    "lost_runs": (_count, f"a count (an integer from 0 to {MAX_COUNT})"),
+    "section_retries": (_counts, "a table of counts"),
+    "failed_section": (_optional(str), "a string"),
+    "first_failure_at": (_iso_time, "an ISO-8601 time"),
+    "replay_batch": (_count, "a count"),
     "root_id": (_optional(str), "a string"),
     "parent_id": (_optional(str), "a string"),
     "group": (_optional(str), "a string"),
@@ -102,7 +123,7 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "expires": (_iso_time, "an ISO-8601 time"),
     # "" is a history replay's gate (amqp_events.history.gates).
     "event_key": (lambda v: v is None or v == "" or _short_string(v), "a string of up to 255 bytes"),
-    "timelimit": (_time_limits, "[hard, soft] seconds"),
+    "timelimit": (_time_limits, f"[hard, soft] seconds (0 to {MAX_COUNT})"),
     "stamped_headers": (_strings, "a list of strings"),
     "stamps": (_optional(dict), "a table"),
     "ignore_result": (lambda v: v is None or isinstance(v, bool), "true or false"),
@@ -128,30 +149,82 @@ def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
     return deepest
 
 
-def malformed(headers: Mapping[Any, Any], complete: bool = True) -> dict[str, str]:
-    """The headers that are not what they must be, each with what it must be (empty: all fine); ``complete``:
-    also those an event must have (a CloudEvent in structured mode, say, has them only once it is read)."""
-    wrong: dict[str, str] = {}
+def malformed(headers: Mapping[Any, Any], complete: bool = True) -> dict[Any, str]:
+    """The headers that are not what they must be, by their names as they came (a name that is not UTF-8 comes
+    as bytes), each with what it must be (empty: all fine); ``complete``: also those an event must have (a
+    CloudEvent in structured mode, say, has them only once it is read)."""
+    wrong: dict[Any, str] = {}
     if complete and headers.get("id") is None and headers.get("ce-id") is None:
         wrong["id"] = "is missing: every event has an id (Celery's task id)"
     for key, value in headers.items():
-        name = key if isinstance(key, str) else repr(key)
         if not isinstance(key, str):
-            wrong[name] = "a header name must be a string"
+            wrong[key] = "a header name must be a UTF-8 string"
         elif depth(value) > MAX_HEADER_DEPTH:
-            wrong[name] = f"nested more than {MAX_HEADER_DEPTH} deep"
+            wrong[key] = f"nested more than {MAX_HEADER_DEPTH} deep"
         elif key in EXPECTED and not EXPECTED[key][0](value):
-            wrong[name] = f"must be {EXPECTED[key][1]}, not {_shown(value)}"
+            wrong[key] = f"must be {EXPECTED[key][1]}, not {_shown(value)}"
     return wrong
 
 
-def without(headers: Mapping[Any, Any], wrong: Mapping[str, str]) -> dict[str, Any]:
-    """``headers`` less the malformed ones: what an archived copy of the message can carry."""
-    return {key: value for key, value in headers.items() if isinstance(key, str) and key not in wrong}
+def describe(wrong: Mapping[Any, str]) -> str:
+    return "; ".join(sorted(f"header {name!r} {why}" for name, why in wrong.items()))
 
 
-def describe(wrong: Mapping[str, str]) -> str:
-    return "; ".join(f"header {name!r} {why}" for name, why in sorted(wrong.items()))
+# -- sizes ---------------------------------------------------------------------------------------------------
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes ``value`` takes in an AMQP field table, as py-amqp writes it (type byte, length, content)."""
+    size, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            size += 5 + len(item.encode("utf-8", "surrogatepass"))
+        elif isinstance(item, bytes | bytearray):
+            size += 5 + len(item)
+        elif isinstance(item, Mapping):
+            size += 5
+            for key, child in item.items():
+                size += 1 + len(str(key).encode("utf-8", "surrogatepass"))
+                todo.append(child)
+        elif isinstance(item, list | tuple):
+            size += 5
+            todo.extend(item)
+        elif isinstance(item, Decimal):
+            size += 6
+        elif isinstance(item, bool) or item is None:
+            size += 2
+        elif isinstance(item, int | float | datetime | date):
+            size += 9
+        else:
+            size += 5 + len(str(item))
+    return size
+
+
+def cut_headers(headers: dict[Any, Any], limit: int = MAX_HEADERS_BYTES) -> list[str]:
+    """Drop the largest headers (never ``task`` or ``id``, which are short) until the rest take ``limit``
+    bytes at most, in place; returns what was dropped, each as ``name (N bytes)``."""
+    sizes = {key: 1 + len(str(key)) + encoded_size(value) for key, value in headers.items()}
+    total, dropped = sum(sizes.values()), []
+    for key in sorted(sizes, key=lambda name: -sizes[name]):
+        if total <= limit:
+            break
+        if key in ("task", "id"):
+            continue
+        del headers[key]
+        total -= sizes[key]
+        dropped.append(f"{key!r} ({sizes[key]} bytes)")
+    return dropped
+
+
+def cut_body(body: bytes, limit: int) -> tuple[bytes, str] | None:
+    """``body`` cut to its first bytes when it is over ``limit``, with a note of its size and SHA-256; ``None``
+    when it is within the bound."""
+    if len(body) <= limit:
+        return None
+    digest = hashlib.sha256(body).hexdigest()
+    kept = body[:KEPT_BODY_BYTES]
+    return kept, f"body cut to its first {len(kept)} of {len(body)} bytes (sha256 {digest})"
 
 
 def _shown(value: Any) -> str:

@@ -6,7 +6,7 @@ runs it: the ``task`` header is the event name, ``id`` is the event id and
 
 ==================== ========================================================
 ``fired_at``         ISO-8601 UTC time the event was fired (kept across retries)
-``fired_by``         the service that fired it
+``fired_by``         the service that fired it, as its receiver verified it (:mod:`amqp_events.wire.trust`)
 ``first_failure_at`` ISO-8601 UTC time its handler first failed (retries only)
 ``due_at``           ISO-8601 UTC time a delayed copy's wait ends (delayed only)
 ``lost_runs``        how many times the process running it died (redelivered copies)
@@ -84,6 +84,8 @@ class StoredMessage:
     body: bytes
     content_type: str | None
     content_encoding: str | None
+    #: The RabbitMQ user that published it, as the broker verified it (``None``: it did not say).
+    user_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +217,7 @@ def copy_headers(original: Mapping[str, Any], retries: int, **extra: Any) -> dic
 
 
 def _one_copy_only(key: str) -> bool:
-    return key.startswith("x-") or key in ARCHIVE_HEADERS or key in PARKING_HEADERS or key in (DUE_AT, LOST_RUNS)
+    return key.startswith("x-") or key in ARCHIVE_HEADERS or key in PARKING_HEADERS or key in ONE_COPY_ONLY
 
 
 @dataclass(frozen=True)
@@ -243,7 +245,7 @@ class EventMetadata:
             id=str(headers.get("id")),
             name=str(headers.get("task")),
             fired_at=parse_time(headers.get(FIRED_AT)),
-            fired_by=headers.get(FIRED_BY),
+            fired_by=headers.get(FIRED_BY) or None,
             attempt=int(headers.get("retries") or 0) + 1,
             failed_section=headers.get(FAILED_SECTION) or None,
             key=headers.get(EVENT_KEY) or None,
@@ -299,6 +301,9 @@ ARCHIVE_SECTION = "archive_section"
 ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
 ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
 ARCHIVED_AT = "archived_at"
+#: What of a message could not be kept as it came (headers dropped, a body cut: :mod:`amqp_events.wire.limits`),
+#: in words; only on the archived copy made of it.
+ARCHIVE_CUT = "archive_cut"
 #: W3C ``traceparent`` of the attempt that archived the message (with tracing on).
 ARCHIVE_TRACEPARENT = "archive_traceparent"
 #: W3C ``traceparent`` of the replay that sent the message back (with tracing on; kept through its retries).
@@ -319,7 +324,12 @@ ARCHIVE_HEADERS = (
     ARCHIVE_LAST_FAILURE_AT,
     ARCHIVED_AT,
     ARCHIVE_TRACEPARENT,
+    ARCHIVE_CUT,
 )
+
+
+#: Headers of one copy only, never carried on to its retries or replays.
+ONE_COPY_ONLY = (DUE_AT, LOST_RUNS)
 
 
 class Reason(str, Enum):
@@ -338,8 +348,14 @@ class Reason(str, Enum):
     INVALID_CLOUDEVENT = "invalid_cloudevent"
     #: A header of the wrong type (an ``id`` that is a table), too long or too deep (:mod:`amqp_events.wire.limits`).
     MALFORMED_HEADERS = "malformed_headers"
-    #: A body that inflates past what a worker reads (:data:`~amqp_events.wire.limits.MAX_BODY`).
+    #: A body larger than a worker takes (``amqp_events_max_body_bytes``, decompressed), or headers larger than a
+    #: copy can carry (:data:`~amqp_events.wire.limits.MAX_HEADERS_BYTES`): archived cut, saying what was cut.
     TOO_LARGE = "too_large"
+    #: Its body's embed asks Celery to run other tasks with it (``callbacks``, ``errbacks``, ``chain``, ``chord``):
+    #: an event never starts tasks a sender chose.
+    EMBEDDED_WORKFLOW = "embedded_workflow"
+    #: Event ownership is on and the service the broker verified as its author does not own the event.
+    NOT_OWNER = "not_owner"
     #: Its ``expires`` header had passed when it arrived (Celery's expiry, honoured by archiving it unrun), or its
     #: AMQP ``expiration`` passed while it waited in its queue (the broker dead-lettered it to the archive).
     EXPIRED = "expired"

@@ -9,10 +9,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from urllib.parse import quote, unquote
 
 import pytest
 from console_helpers import Console, call
 from helpers import AMQP_EVENTS, ROOT, TESTS, effects_tables, queue_state, wait_archived
+from kombu import Connection
 
 from amqp_events.console.security import hash_password
 from amqp_events.local.processes import free_port
@@ -328,3 +330,61 @@ def test_failed_logins_are_throttled_and_checked_off_the_event_loop(broker_url, 
         assert status == 429 and "too many failed logins" in answer["error"]  # even the right one, for a minute
     finally:
         guarded.stop()
+
+
+def entry_of(path: str) -> tuple[str, str]:
+    """The service and the archived message a path of the API names (each one segment, as the console reads it)."""
+    _, api, services, service, archive, message_id, *rest = path.split("/")
+    assert (api, services, archive) == ("api", "services", "archive") and rest in ([], ["retry"]), path
+    return service, unquote(message_id)
+
+
+def test_an_archived_id_with_slashes_and_dots_names_that_entry_of_its_service_alone(
+    worker, producer, records, archive_of, service_app, broker_url, console, browser
+):
+    """An id is data: ``../../shipping/archive/victim-1`` archived by orders is not shipping's ``victim-1``, in the
+    pages' links as the browser resolves them nor in the API; the pages run under their CSP without a violation."""
+    worker("orders")
+    service_app("shipping").declare_topology()
+    with Connection(broker_url) as connection:  # the victim, put straight into shipping's archive
+        channel = connection.default_channel
+        victim = {"id": "victim-1", "task": "test.ping", "archive_reason": "max_retries"}
+        message = channel.prepare_message(
+            b'[["victim"], {}, null]', content_type="application/json", content_encoding="utf-8", headers=victim
+        )
+        channel.basic_publish(message, exchange="", routing_key="shipping.archive")
+    hostile = "../../shipping/archive/victim-1"
+    producer.fire("test.ping", ["h1"], {"how": {"permanent": True}}, event_id=hostile)
+    wait_archived(archive_of("orders"), 1)
+    status, shown = call(f"{console.url}/api/services/orders/archive/{quote(hostile, safe='')}")
+    assert status == 200 and shown["id"] == hostile
+    [group] = wait_for(lambda: call(console.url + "/api/services/orders/groups")[1]["groups"], 30, what="indexed")
+
+    page = browser.new_page()
+    problems: list[object] = []
+    page.on("pageerror", lambda error: problems.append(error))
+    page.on("console", lambda message: "Content Security Policy" in message.text and problems.append(message.text))
+    links: list[str] = []  # as the browser resolves them
+    for path in ("/", "/audit", "/services/orders/archive", f"/services/orders/groups/{group['id']}"):
+        answer = page.goto(console.url + path)
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+        links += page.eval_on_selector_all(
+            "[data-url], [data-retry]",
+            "found => found.flatMap(e => [e.dataset.url, e.dataset.retry])"
+            ".filter(Boolean).map(link => new URL(link, location.href).pathname)",
+        )
+    assert [entry_of(link) for link in links] == [("orders", hostile)] * 3, links  # its details; edit, retry
+    editor = page.locator("#edit textarea")
+    page.click("tr.member button.edit")
+    wait_for(lambda: '"h1"' in editor.input_value(), 10, what="its arguments in the editor")
+    page.click("#edit button[data-close]")
+    assert not page.locator("#edit").evaluate("dialog => dialog.open")
+    page.click("tr.member button.edit")
+    wait_for(lambda: page.locator("#edit").evaluate("dialog => dialog.open"), 10, what="the editor open again")
+    editor.fill('{"args": ["h1 fixed"], "kwargs": {"how": {}}}')
+    page.click("#send-edited")
+    assert outcome(page, "done: ") == f'done: {{"retried":"{hostile}"}}'
+    [run] = records.wait(1, tag="h1 fixed")
+    assert run["id"] == hostile
+    assert [entry.id for entry in archive_of("shipping").list()] == ["victim-1"]  # untouched
+    assert problems == []

@@ -1,8 +1,10 @@
 """Property-based fuzzing of what a worker takes (Hypothesis over whole message spaces, a real broker and worker).
 
 Each example is one AMQP message put straight into ``orders:test.ping``: headers of every AMQP type and depth
-(Celery's, the library's, RabbitMQ's and anything else), bodies (events, other JSON, random bytes, compressed
-or claiming to be), content types and encodings, properties. For each, against a real worker of each pool:
+(Celery's, the library's, RabbitMQ's and anything else; counts negative and past what AMQP carries; names that are
+not UTF-8; far too large), bodies (events with every shape of Celery's embed, other JSON, random bytes, compressed
+or claiming to be, larger than the worker takes), content types and encodings, and a ``user_id`` as any party could
+set it. For each, against a real worker of each pool:
 
 * the message ends handled or archived within a bound (retries included), never dropped: the test counts both;
 * the worker is still serving after it;
@@ -38,6 +40,8 @@ QUEUE = "orders:test.ping"
 MARKER = "fuzz_case"
 #: Seconds a case may take to end (an early eta waits up to 3 s, a retry 1 s, archiving is confirmed first).
 BOUND = 30.0
+#: Bytes of a body the fuzzed worker takes (``amqp_events_max_body_bytes``): some cases go past it.
+MAX_BODY = 64 * 1024
 
 NOW = datetime.now(timezone.utc)
 
@@ -67,6 +71,24 @@ def nested(depth: int) -> Any:
 
 
 deep = st.integers(min_value=10, max_value=2500).map(nested)
+#: Counts as a sender could write them: fine, negative, past what AMQP's integers or a copy's +1 can carry.
+counts = st.one_of(
+    st.integers(min_value=0, max_value=3),
+    st.integers(min_value=-(2**63), max_value=-1),
+    st.sampled_from([2**31 - 2, 2**31 - 1, 2**31, 2**62, 2**63 - 1]),
+)
+signature = {
+    "task": "test.orders_only",
+    "args": ["chained"],
+    "kwargs": {},
+    "options": {"queue": "orders:test.orders_only"},
+}
+#: Every shape of Celery's embed: empty ones, and each way of asking Celery to run other tasks.
+embeds = st.sampled_from([
+    None, {}, {"callbacks": None}, {"chain": []}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+    {"chain": [signature]}, {"callbacks": [signature]}, {"errbacks": [signature]}, {"chord": signature},
+    {"chain": "not a list"}, {"callbacks": [signature], "chain": [signature, signature]},
+])  # fmt: skip
 times = st.sampled_from(
     [(NOW - timedelta(hours=1)).isoformat(), (NOW + timedelta(seconds=2)).isoformat(), "soon", "2020-02-30"]
 )
@@ -74,10 +96,13 @@ times = st.sampled_from(
 KNOWN = {
     "task": st.one_of(st.just("test.ping"), values, text),
     "id": st.one_of(st.uuids().map(str), values, st.text(min_size=256, max_size=300)),
-    "retries": st.one_of(st.integers(min_value=-100, max_value=3), values),
+    "retries": st.one_of(counts, values),
+    "group_index": st.one_of(counts, values),
+    "replaced_task_nesting": st.one_of(counts, values),
+    "replay_batch": st.one_of(counts, values),
+    "timelimit": st.one_of(st.just([None, None]), st.just([1, 2]), st.tuples(counts, counts).map(list), values),
     "eta": st.one_of(st.none(), times, values),
     "expires": st.one_of(st.none(), times, values),
-    "timelimit": st.one_of(st.just([None, None]), st.just([1, 2]), values),
     "stamped_headers": st.one_of(st.just(["a"]), values),
     "stamps": values,
     "root_id": values,
@@ -88,25 +113,46 @@ KNOWN = {
     "argsrepr": values,
     "kwargsrepr": values,
     "ignore_result": values,
-    "lost_runs": values,
-    "section_retries": values,
+    "lost_runs": st.one_of(counts, values),
+    "section_retries": st.one_of(st.dictionaries(text, counts, max_size=2), values),
     "failed_section": values,
     "event_key": values,
     "fired_at": st.one_of(times, values),
-    "x-death": st.one_of(values, st.just([{"queue": QUEUE, "reason": "rejected", "count": 1}])),
-    "x-delivery-count": values,
+    "x-death": st.one_of(values, counts.map(lambda n: [{"queue": QUEUE, "reason": "rejected", "count": n}])),
+    "x-delivery-count": st.one_of(counts, values),
     "ce-id": values,
     "ce-type": values,
     "ce-specversion": st.one_of(st.just("1.0"), values),
     "traceparent": values,
     # Names a handler of the service (another event's too), one it does not have, or anything.
     "for_handler": st.one_of(st.sampled_from(["test.ping", "test.orders_only", "test.ping:nobody"]), values),
+    # Claims an author: the service itself, another, none.
+    "fired_by": st.one_of(st.sampled_from(["orders", "billing", ""]), values),
+    # Headers only the service's own copies carry: commands to its partitions, replay batches, a cut note.
+    "release_parked": values,
+    "hold_live": values,
+    "replay_of": values,
+    "archive_cut": values,
 }
 OTHERS = {
     "compression": st.sampled_from(["application/x-gzip", "application/x-bz2", "application/x-lzma", "zstd"]),
     "deep": deep,
     "other": values,
+    # Far larger than a copy of the message can carry with its own headers (frame_max is 128 KiB).
+    "big": st.integers(min_value=60_000, max_value=100_000).map(lambda size: "b" * size),
 }
+#: Header names that are not UTF-8 (py-amqp hands them over as bytes).
+NOT_UTF8 = st.binary(min_size=1, max_size=12).filter(lambda raw: not _utf8(raw))
+
+
+def _utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 #: What a producer would send, before anything is changed.
 VALID = {"task": "test.ping", "lang": "py", "retries": 0}
 
@@ -122,6 +168,8 @@ def header_sets(draw: Any) -> dict[str, Any]:
         headers[name] = draw(OTHERS[name])
     for name in draw(st.lists(st.sampled_from(["task", "id", "retries"]), max_size=1)):
         headers.pop(name, None)
+    if draw(st.integers(0, 9)) == 0:
+        headers[draw(NOT_UTF8)] = draw(values)  # type: ignore[index]
     return headers
 
 
@@ -132,15 +180,21 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
 )
 how = st.sampled_from([None, {"fail_times": 1}, {"permanent": True}])
-event_bodies = st.tuples(how, st.sampled_from([None, {}, {"callbacks": None}])).map(
-    lambda parts: ("event", parts[0], parts[1])
+event_bodies = st.tuples(how, embeds).map(lambda parts: ("event", parts[0], parts[1]))
+#: Larger than the fuzzed worker takes (``MAX_BODY``).
+oversized = st.integers(min_value=MAX_BODY + 1, max_value=3 * MAX_BODY).map(
+    lambda size: ("bytes", b'[["' + b"o" * size + b'"], {}, null]')
 )
 bodies = st.one_of(
     event_bodies,
     event_bodies,
     json_values.map(lambda value: ("json", json.dumps(value).encode())),
     st.binary(max_size=200).map(lambda raw: ("bytes", raw)),
+    oversized,
 )
+#: The ``user_id`` property as each party could set it: none, the sender's own (``guest``), or another's, which
+#: the broker refuses.
+user_ids = st.one_of(st.none(), st.just("guest"), st.sampled_from(["orders", "billing"]))
 content_types = st.one_of(
     st.just("application/json"),
     st.sampled_from(["application/json; charset=utf-8", "application/x-python-serialize", "application/x-yaml",
@@ -168,18 +222,24 @@ class Cases:
         # One connection for every send and count (a connection per poll churned RabbitMQ 4.0 into connect timeouts).
         self.connection = Connection(broker_url, transport_options={"confirm_publish": True})
 
-    def send(self, headers: dict[str, Any], body: tuple[Any, ...], content_type: Any, encoding: Any) -> int:
+    def send(
+        self, headers: dict[str, Any], body: tuple[Any, ...], content_type: Any, encoding: Any, user_id: Any
+    ) -> int:
         case = max(self.sent, default=0) + 1
         headers = {**headers, MARKER: case}
         sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # py-amqp writes deep headers recursively
         channel = self.connection.default_channel
         message = channel.prepare_message(
-            body_of(case, body, headers), content_type=content_type, content_encoding=encoding, headers=headers
+            body_of(case, body, headers),
+            content_type=content_type,
+            content_encoding=encoding,
+            headers=headers,
+            properties={"user_id": user_id} if user_id else None,
         )
         try:
             channel.basic_publish(message, exchange="", routing_key=QUEUE, confirm_timeout=BOUND)
         except self.connection.connection_errors + self.connection.channel_errors:
-            self.refused += 1  # the broker refused it (a header frame over frame_max): it never reached the worker
+            self.refused += 1  # the broker refused it (a header frame over frame_max, a user_id not the sender's)
             self.close()
             self.connection = Connection(self.broker_url, transport_options={"confirm_publish": True})
             return 0
@@ -207,7 +267,7 @@ class Cases:
 
 
 def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbitmq: Any, vhost: str, **pool: Any):
-    process = worker("orders", env={"MAX_RETRIES": "1", "BACKOFF_MAX": "1"}, **pool)
+    process = worker("orders", env={"MAX_RETRIES": "1", "BACKOFF_MAX": "1", "MAX_BODY_BYTES": str(MAX_BODY)}, **pool)
     cases = Cases(broker_url, records)
 
     @settings(
@@ -219,10 +279,10 @@ def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbit
         phases=[Phase.explicit, Phase.generate],
         report_multiple_bugs=False,
     )
-    @given(header_sets(), bodies, content_types, encodings)
-    def one_message_ends_handled_or_archived(headers, body, content_type, encoding):
+    @given(header_sets(), bodies, content_types, encodings, user_ids)
+    def one_message_ends_handled_or_archived(headers, body, content_type, encoding, user_id):
         before = cases.ended()
-        case = cases.send(headers, body, content_type, encoding)
+        case = cases.send(headers, body, content_type, encoding, user_id)
         assume(case)
         try:
             wait_for(lambda: cases.ended() > before or None, BOUND, what=f"case {case} to end")
@@ -244,6 +304,8 @@ def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbit
           f"{len(cases.handled())} handled, archived {dict(reasons.most_common())}")  # fmt: skip
     assert (archived | cases.handled()) >= set(cases.sent), set(cases.sent) - archived - cases.handled()
     assert not archived & cases.handled(), "a case both handled and archived"
+    # The sender shares the worker's user: nothing verifies an author, whatever fired_by said.
+    assert {run["fired_by"] for run in records.all()} <= {None}
     time.sleep(0.5)  # the management API's counts lag a moment behind the broker
     stranded = {q["name"]: q.get("messages_dlx", 0) for q in rabbitmq.management.queues(vhost) if q.get("messages_dlx")}
     assert not stranded, stranded

@@ -4,6 +4,7 @@ what was wrong (or retried, or run), the worker keeps serving, and nothing stays
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import urllib.error
@@ -17,6 +18,7 @@ from helpers import wait_archived
 from kombu import Connection
 
 from amqp_events import Reason
+from amqp_events.archive import Selection
 from amqp_events.testing import wait_for
 
 BODY = b'[["hostile"], {}, null]'
@@ -235,3 +237,51 @@ def test_odd_entries_in_an_archive_are_shown_not_crashed_on(worker, broker_url, 
             urllib.request.urlopen(console.url + path, timeout=30).close()
         except urllib.error.HTTPError as error:
             raise AssertionError(f"{path}: {error}\n{console.output()[-3000:]}") from None
+
+
+#: Messages a worker once could not archive (it looped or stranded them), and what each ends as now.
+UNKEEPABLE = {
+    "count-past-int64": ({**HEADERS, "retries": 2**63 - 1}, BODY, Reason.MALFORMED_HEADERS),
+    "count-past-int64-failing": ({**HEADERS, "retries": 2**63 - 1}, b'[["x", {"fail_times": 5}], {}, null]',
+                                 Reason.MALFORMED_HEADERS),
+    "count-unknown-event": ({**HEADERS, "task": "test.nobody", "lost_runs": 2**63 - 1}, BODY, Reason.MALFORMED_HEADERS),
+    "name-not-utf8": ({**HEADERS, b"\xff\xfebad": "x"}, BODY, Reason.MALFORMED_HEADERS),
+    "headers-120k": ({**HEADERS, "big": "h" * 120_000}, BODY, Reason.TOO_LARGE),
+    # too large and malformed at once (found by the fuzz suite): neither may reach the copy
+    "big-and-not-utf8": ({**HEADERS, "big": "h" * 90_000, b"\xff": "x"}, BODY, Reason.TOO_LARGE),
+    "big-and-long-id": ({**HEADERS, "big": "h" * 90_000, "id": "i" * 300}, BODY, Reason.TOO_LARGE),
+    "body-2m": (HEADERS, b'[["' + b"b" * 2_000_000 + b'"], {}, null]', Reason.TOO_LARGE),
+    "embed-chain": (HEADERS, json.dumps([["x"], {}, {"chain": [{"task": "test.orders_only", "args": ["chained"]}]}]
+                                        ).encode(), Reason.EMBEDDED_WORKFLOW),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "pool", [{"pool": "solo"}, {"pool": "threads", "concurrency": 2}, {"pool": "prefork", "concurrency": 2}],
+    ids=["solo", "threads", "prefork"],
+)  # fmt: skip
+def test_what_cannot_be_kept_as_it_came_is_archived_bounded_never_looped_or_stranded(
+    pool, worker, producer, broker_url, records, archive_of, rabbitmq, vhost
+):
+    process = worker("orders", env={"MAX_BODY_BYTES": str(1024 * 1024), "MAX_RETRIES": "1", "BACKOFF_MAX": "1"}, **pool)
+    for case, (headers, body, _) in UNKEEPABLE.items():
+        own_id = headers["id"] if headers.get("id") != HEADERS["id"] else case  # the case's id, unless it is the case
+        put(broker_url, {**headers, "id": own_id, "case": case}, body=body)
+    # a header that names a handler of another event: the queue and its event decide
+    put(broker_url, {**HEADERS, "id": "named-other", "for_handler": "test.orders_only"}, body=b'[["named"], {}, null]')
+    entries = wait_archived(archive_of("orders"), len(UNKEEPABLE), timeout=60)
+    archived = {entry.headers["case"]: entry for entry in entries}
+    assert {case: entry.reason for case, entry in archived.items()} == {
+        case: reason for case, (_, _, reason) in UNKEEPABLE.items()
+    }
+    assert "'big' (" in archived["headers-120k"].cut and "big" not in archived["headers-120k"].headers
+    assert "id" not in archived["big-and-long-id"].headers and b"\xff" not in archived["big-and-not-utf8"].headers
+    body = UNKEEPABLE["body-2m"][1]
+    assert len(archived["body-2m"].body) == 4096 and hashlib.sha256(body).hexdigest() in archived["body-2m"].cut
+    assert archive_of("orders").replay(Selection.of(ids=["body-2m"])).cut == ["body-2m"]  # it cannot run again
+    [named] = records.wait(1, tag="named")
+    assert named["event"] == "test.ping" and not records.all(event="test.orders_only")
+    assert not [run for run in records.all() if run["tag"] in ("x", "chained")]
+    still_serving(process, producer, records)
+    stranded = {q["name"]: q["messages_dlx"] for q in rabbitmq.management.queues(vhost) if q.get("messages_dlx")}
+    assert not stranded, stranded

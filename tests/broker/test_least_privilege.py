@@ -5,6 +5,7 @@ the shared topology declared by an administrator: each works fully, and neither 
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import urllib.parse
 import uuid
@@ -16,7 +17,7 @@ from console_helpers import Console, call
 from helpers import TESTS, wait_archived
 from kombu import Connection, Exchange, Queue
 
-from amqp_events import events_app
+from amqp_events import Reason, events_app
 from amqp_events.celery.control import ServiceControl
 from amqp_events.errors import PermissionRefused, TopologyMissing
 from amqp_events.local.processes import free_port
@@ -216,3 +217,116 @@ def test_ordered_handlers_and_the_history_work_with_the_service_s_own_grants(
     replayed = cli_process("history", "replay", "--since", "1h", "--yes", app="services.ledger", env=cli)
     assert replayed.returncode == 0, replayed.stderr
     wait_for(lambda: len([r for r in records.all() if r.get("ok")]) >= 4 or None, 60, what="the replay handled")
+
+
+# -- what another service's user writes into a message ------------------------------------------------------
+
+#: Who owns which event, when ownership is on: ``shipping`` plays the billing service.
+OWNERS = "billing.#=shipping,test.#=orders,users.#=orders"
+
+
+@pytest.fixture(params=["ownership off", "ownership on"])
+def owned(request, rabbitmq, broker_url, cli_process) -> Any:
+    """``orders`` and ``shipping`` with users of their own (named otherwise than their services, mapped by
+    ``AMQP_EVENTS_SERVICE_USERS``), granted what `topology permissions` prints, with ownership off or on:
+    ``(urls by service, the services' environment, ownership on?)``."""
+    if rabbitmq.node is None:
+        pytest.skip("creating users needs the harness's own node (rabbitmqctl)")
+    users = {service: (f"{service}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex) for service in ("orders", "shipping")}
+    on = request.param == "ownership on"
+    env = {"AMQP_EVENTS_SERVICE_USERS": ",".join(f"{user}={service}" for service, (user, _) in users.items()),
+           **({"AMQP_EVENTS_EVENT_OWNERSHIP": "1", "AMQP_EVENTS_EVENT_OWNERS": OWNERS} if on else {})}  # fmt: skip
+    for service, (user, password) in users.items():
+        rabbitmq.node.rabbitmqctl("add_user", user, password)
+        assert cli_process("topology", "declare", app=f"services.{service}", env=env).returncode == 0
+        printed = cli_process("topology", "permissions", "--user", user, app=f"services.{service}", env=env)
+        assert printed.returncode == 0 and ("set_topic_permissions -p" in printed.stdout), printed.stderr
+        for line in printed.stdout.splitlines():
+            if line.startswith("rabbitmqctl "):
+                rabbitmq.node.rabbitmqctl(*shlex.split(line)[1:])
+    yield {service: user_url(broker_url, *user) for service, user in users.items()}, env, on
+    for user, _ in users.values():
+        rabbitmq.node.rabbitmqctl("delete_user", user)
+
+
+def raw(url: str, exchange: str, routing_key: str, headers: dict[str, Any], body: Any, signed: bool = True) -> Any:
+    """A publish as the user of ``url`` could make it with any client, confirmed (what `refused` calls); ``signed``:
+    with its ``user_id`` (the broker verifies it), as the library sends, or without (nothing verified)."""
+
+    def publish() -> None:
+        with Connection(url, transport_options={"confirm_publish": True}) as connection:
+            channel = connection.default_channel
+            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+            properties = {"user_id": connection.userid} if signed else {}
+            message = channel.prepare_message(payload, None, "application/json", "utf-8", headers, properties)
+            channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
+
+    return publish
+
+
+def test_nothing_another_service_writes_chooses_the_handler_that_runs_its_author_or_its_fate(
+    owned, start_worker, records, cli_process, archive_of, broker_url
+):
+    urls, fleet, on = owned
+    env = {"RECORD_FILE": str(records.path), "PYTHONPATH": str(TESTS), "HEARTBEAT_INTERVAL": "1", **CHECK, **fleet}
+    orders = start_worker("services.orders", env={**env, "BROKER_URL": urls["orders"]}, cwd=TESTS)
+    billing = urls["shipping"]  # another service's own user, under its printed grants
+    chained = {"task": "test.orders_only", "args": ["chained"], "kwargs": {}, "subtask_type": None,
+               "options": {"queue": "orders:test.orders_only"}, "immutable": False}  # fmt: skip
+    paid = "billing.invoice.paid"
+    sent = {
+        # a handler header naming another handler of orders, and an author claimed
+        "a1": ({"task": paid, "for_handler": "test.orders_only", "fired_by": "orders"}, [501, "99999"], None),
+        # a task header of another event than the one it was fired as
+        "a2": ({"task": "test.orders_only"}, [502, "99999"], None),
+        # Celery's embed: a chain and callbacks that name another handler's task and queue
+        "a3": ({"task": paid}, [503, "99999"], {"chain": [chained], "callbacks": [chained]}),
+    }  # fmt: skip
+    for event_id, (headers, args, embed) in sent.items():
+        raw(billing, "events", paid, {"id": event_id, **headers}, [args, {}, embed])()
+    [ran] = records.wait(1, tag="invoice-501")
+    assert (ran["event"], ran["fired_by"], ran["attempt"]) == (paid, "shipping", 1)  # its verified author
+    archived = {entry.id: entry for entry in wait_archived(archive_of("orders"), 2)}
+    assert (archived["a2"].reason, archived["a3"].reason) == (Reason.MALFORMED_HEADERS, Reason.EMBEDDED_WORKFLOW)
+    assert "fired as 'billing.invoice.paid'" in archived["a2"].exception_message
+    assert "chain" in archived["a3"].exception_message
+
+    if on:  # the broker refuses another service's events, fired now or through the delay ladder
+        assert refused(
+            raw(billing, "events", "test.orders_only", {"task": "test.orders_only", "id": "a4"}, [[1], {}, None])
+        )
+        ladder = delays.routing_key(1, delays.event_destination("test.orders_only"))
+        assert refused(
+            raw(billing, delays.ENTRY_EXCHANGE, ladder, {"task": "test.orders_only", "id": "a5"}, [[1], {}, None])
+        )
+        # and orders refuses one whose verified author (here the administrator's user) does not own it
+        raw(broker_url, "events", "test.orders_only", {"task": "test.orders_only", "id": "a6"}, [["x"], {}, None])()
+        entry = wait_for(lambda: (found := archive_of("orders").get("a6")) and found, 30, what="a6 archived")
+        assert entry.reason == Reason.NOT_OWNER and "belongs to 'orders'" in entry.exception_message
+    else:  # any service may fire any event, but never as another: as itself, or as nobody (no user_id)
+        claim = {"task": "test.orders_only", "fired_by": "orders"}
+        raw(billing, "events", "test.orders_only", {**claim, "id": "a4"}, [["claimed"], {}, None])()
+        raw(billing, "events", "test.orders_only", {**claim, "id": "a5"}, [["unsigned"], {}, None], signed=False)()
+        assert records.wait(1, tag="claimed")[0]["fired_by"] == "shipping"
+        assert records.wait(1, tag="unsigned")[0]["fired_by"] is None
+    assert not records.all(event="test.orders_only", tag="chained") and not [
+        record
+        for record in records.all()
+        if record["event"] == "test.orders_only" and record["tag"] not in ("claimed", "unsigned")
+    ]
+
+    # Heartbeats: a forged one, a malformed one and one that is not JSON change nothing the CLI shows.
+    forged = {
+        "service": "orders",
+        "worker": "forged@nowhere",
+        "state": "online",
+        "time": 1.0,
+        "breakers": {"x": "open"},
+    }
+    for beat in (forged, [1, 2, 3], b"\xff not json"):
+        raw(billing, "amqp_events.heartbeats", "", {}, beat)()
+    shown = cli_process("breakers", "--wait", "3", env={**fleet, **CHECK, "BROKER_URL": urls["orders"]})
+    assert shown.returncode == 0, shown.stderr
+    workers = [line for line in shown.stdout.splitlines() if not line.startswith(" ")]
+    assert len(workers) == 1 and workers[0].startswith("w1-") and "forged" not in shown.stdout, shown.stdout
+    assert orders.is_running()

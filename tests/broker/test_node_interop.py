@@ -69,7 +69,7 @@ def test_a_node_producer_fires_a_cloud_event_that_a_python_handler_receives(
     assert (run["event"], run["id"], run["fired_by"], run["amount"]) == (
         "billing.invoice.paid",
         event_id,
-        "urn:node:checkout",
+        None,  # its source is its sender's say: no user_id, no verified author
         "10.00",
     )
 

@@ -73,8 +73,28 @@ def test_a_replay_batch_that_cannot_be_read_is_archived_whole(worker, broker_url
             headers={"task": "test.ping", "id": "batch-1", REPLAY_BATCH: 1},
             content_type="application/json",
             content_encoding="utf-8",
+            user_id="guest",  # the service's own user, as a replay's batch is: another's is no batch at all
         )
     [archived] = wait_archived(archive_of("orders"), 1)
     assert archived.reason == Reason.UNDECODABLE and archived.queue == QUEUE
     assert "event 0 of a replay batch is not" in archived.exception_message
     assert archived.body == body.encode("utf-8")  # kept as it came
+
+
+def test_a_batch_from_another_user_than_the_service_s_is_no_batch(worker, broker_url, archive_of, records):
+    """Only the service's own replay sends batches: from anyone else the header is dropped and the message is what
+    its body is (here: not an event)."""
+    worker("orders")
+    entry = {"headers": {"task": "test.ping", "id": "e1", "fired_by": "orders"}, "body": [["smuggled"], {}, None]}
+    with Connection(broker_url) as connection:  # no user_id: nothing verifies who sent it
+        connection.Producer().publish(
+            json.dumps([entry]).encode("utf-8"),
+            exchange="",
+            routing_key=QUEUE,
+            headers={"task": "test.ping", "id": "batch-2", REPLAY_BATCH: 1},
+            content_type="application/json",
+            content_encoding="utf-8",
+        )
+    [archived] = wait_archived(archive_of("orders"), 1)
+    assert archived.reason == Reason.UNDECODABLE and REPLAY_BATCH not in archived.headers
+    assert not records.all(tag="smuggled")

@@ -48,10 +48,9 @@ def test_each_app_fires_its_own_event_made_of_one_shared_class(worker, producer,
     other = events_app("accounts", broker_url=broker_url)
     Mine = producer.event("users.registered")(catalog.UserRegistered)
     Theirs = other.event("users.registered")(catalog.UserRegistered)
-    Mine(user_id=1, email="a@example.com").fire()
-    Theirs(user_id=2, email="b@example.com").fire()
-    assert records.wait(1, tag="user-1")[0]["fired_by"] == "tests"
-    assert records.wait(1, tag="user-2")[0]["fired_by"] == "accounts"
+    mine, theirs = Mine(user_id=1, email="a@example.com").fire(), Theirs(user_id=2, email="b@example.com").fire()
+    assert records.wait(1, tag="user-1")[0]["id"] == mine
+    assert records.wait(1, tag="user-2")[0]["id"] == theirs
     other.close()
 
 

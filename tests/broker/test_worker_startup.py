@@ -9,7 +9,7 @@ from amqp_events import TopologyMismatch, events_app
 from amqp_events.settings import Settings
 from amqp_events.testing import wait_for
 from amqp_events.topology import service_topology
-from amqp_events.topology.layout import KEPT_AS_THEY_ARE, earlier_dead_lettering
+from amqp_events.topology.layout import DELIVERY_LIMIT, PLACEMENT, earlier_dead_lettering
 from amqp_events.transport.declare import declare_topology
 
 
@@ -63,7 +63,7 @@ def test_a_queue_of_an_earlier_version_without_replica_placement_is_kept(worker,
     """0.2 declared quorum queues without replica placement and delivery limit, dead-lettering through the delivery
     exchange: upgrading must not stop workers."""
     [queue] = service_topology("orders", ["test.ping"], Settings()).event_queues
-    earlier = {key: value for key, value in queue.queue_arguments.items() if key not in KEPT_AS_THEY_ARE}
+    earlier = {key: value for key, value in queue.queue_arguments.items() if key not in (*PLACEMENT, DELIVERY_LIMIT)}
     earlier.update(earlier_dead_lettering(queue.name))
     with Connection(broker_url) as connection:
         connection.default_channel.queue_declare(queue.name, durable=True, auto_delete=False, arguments=earlier)

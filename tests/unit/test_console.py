@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import pytest
 
@@ -84,17 +85,36 @@ def test_services_are_found_by_their_archive_and_take_their_own_queues():
     assert orders.handled_over_time == ((1_700_000_120.0, 70.0),)  # per interval, not the running count
 
 
-def test_failed_logins_are_counted_per_client_within_a_window():
+def test_logins_are_counted_per_client_within_a_window_from_when_they_are_sent():
     from amqp_events.console.security import LoginThrottle
 
     now = [0.0]
     throttle = LoginThrottle(limit=3, window=60, clock=lambda: now[0])
-    for _ in range(3):
-        assert not throttle.refuses("10.0.0.1")
-        throttle.failed("10.0.0.1")
-    assert throttle.refuses("10.0.0.1") and not throttle.refuses("10.0.0.2")
+    right = throttle.attempt("10.0.0.1")
+    assert right is not None
+    throttle.succeeded("10.0.0.1", right)  # a right password does not count
+    # Sent at once: each counts as failed while it is checked, so the fourth is refused before any answer.
+    in_flight = [throttle.attempt("10.0.0.1") for _ in range(4)]
+    assert None not in in_flight[:3] and in_flight[3] is None
+    assert throttle.attempt("10.0.0.2") is not None  # another client
+    throttle.succeeded("10.0.0.1", in_flight[0])  # one of them was right after all
+    assert throttle.attempt("10.0.0.1") is not None and throttle.attempt("10.0.0.1") is None
     now[0] = 61.0
-    assert not throttle.refuses("10.0.0.1")
+    assert throttle.attempt("10.0.0.1") is not None
+
+
+def test_an_id_in_a_url_is_one_segment_that_no_browser_resolves():
+    from urllib.parse import unquote, urljoin
+
+    from amqp_events.console.urls import segment
+
+    for hostile in ("../../billing/archive/victim-1", "a/b", "?x#y", "100%", "..%2F..", "...", "é/\\\\"):
+        quoted = segment(hostile)  # nothing a browser reads as a separator, a dot segment or an escape but its own
+        assert re.fullmatch(r"([A-Za-z0-9_~-]|%[0-9A-F]{2})+", quoted) and unquote(quoted) == hostile
+        base = "http://console/api/services/orders/archive/"
+        assert urljoin(base, quoted + "/retry") == f"{base}{quoted}/retry"
+    # Beyond quoting: a browser reads "%2E" and "%2E%2E" as dot segments too (see segment()).
+    assert (segment("."), segment("..")) == ("%2E", "%2E%2E")
 
 
 def test_an_unknown_user_costs_one_password_check_as_a_known_one_does(monkeypatch):
@@ -119,3 +139,19 @@ def test_the_console_answers_only_the_names_it_is_reached_by():
     assert "evil.example" not in allowed_hosts("127.0.0.1")
     assert allowed_hosts("10.1.2.3", ["console.internal"]) == ["10.1.2.3", "console.internal"]
     assert allowed_hosts("0.0.0.0") == ["*"] and allowed_hosts("0.0.0.0", ["ops"]) == ["ops"]
+
+
+def test_a_message_s_details_stay_small_whatever_it_carries():
+    import json
+
+    from amqp_events.console.api import SHOWN_BODY, detail
+    from amqp_events.wire.archived import ArchivedMessage
+    from amqp_events.wire.message import StoredMessage
+
+    body = json.dumps([["x" * 50_000_000], {}, None]).encode()
+    headers = {"task": "test.ping", "id": "big", "archive_reason": "too_large", "note": "n" * 100_000}
+    shown = detail(ArchivedMessage.of(StoredMessage(headers, body, "application/json", "utf-8")))
+    assert len(json.dumps(shown)) < 20_000
+    assert shown["arguments"] is None and str(len(body)) in shown["not_shown"] and shown["body_bytes"] == len(body)
+    small = detail(ArchivedMessage.of(StoredMessage(headers, b'[["x"], {}, null]', "application/json", "utf-8")))
+    assert small["arguments"] == {"[0]": "x"} and small["not_shown"] is None and SHOWN_BODY > 16

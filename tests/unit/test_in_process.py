@@ -21,16 +21,22 @@ from amqp_events.testing.in_process import NotModelled, UnhandledEvent, in_proce
 URL = "amqp://in-process.invalid//"  # never connected to: a connection attempt would fail the test
 
 
+def url_of(user: str) -> str:
+    """A broker URL with a RabbitMQ user of the service's own, as in production: the in-process mode verifies
+    each message's user as RabbitMQ would, so authors are known."""
+    return f"amqp://{user}:secret@in-process.invalid//"
+
+
 @pytest.fixture
 def billing() -> Iterator[EventsApp]:
-    app = events_app("billing", broker_url=URL)
+    app = events_app("billing", broker_url=url_of("billing"))
     yield app
     app.close()
 
 
 @pytest.fixture
 def shipping() -> Iterator[EventsApp]:
-    app = events_app("shipping", broker_url=URL, amqp_events_max_retries=5)
+    app = events_app("shipping", broker_url=url_of("shipping"), amqp_events_max_retries=5)
     yield app
     app.close()
 

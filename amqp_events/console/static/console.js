@@ -26,6 +26,31 @@ async function act(url, body, question, reload = true) {
 
 function selectedIds() { return Array.from(document.querySelectorAll("input.pick:checked")).map(box => box.value); }
 
+// ``text`` as one segment of a URL's path (as the pages' ``segment`` filter quotes): a "." left as it is could
+// make "..", which the browser resolves.
+function segment(text) {
+  return encodeURIComponent(text).replace(/[.!'()*]/g, c => "%" + c.charCodeAt(0).toString(16).toUpperCase());
+}
+
+// The page's buttons (no inline handlers: the Content-Security-Policy runs the console's own files alone).
+// data-post: the change a button sends, data-ask its question, data-body what it sends (the ticked messages,
+// the page's filters, or nothing); data-verb: pause or resume the handler named in #handler.
+function clicked(event) {
+  const button = event.target.closest("button");
+  if (!button) return;
+  const data = button.dataset;
+  if (data.post) {
+    const matching = {event: data.event, reason: data.reason, since: data.since};
+    act(data.post, data.body === "selected" ? {ids: selectedIds()} : data.body === "matching" ? matching : {}, data.ask);
+  } else if (data.verb) {
+    act(data.handlers + segment(document.getElementById("handler").value) + "/" + data.verb, {}, null, false);
+  } else if (button.matches("button.edit")) {
+    editAndRetry(button);
+  } else if ("close" in data) {
+    button.closest("dialog").close();
+  }
+}
+
 // "3 min ago", the exact time on hover.
 function ago(moment) {
   const seconds = Math.round((Date.now() - moment.getTime()) / 1000);
@@ -90,11 +115,17 @@ async function openDetails(details) {
   const said = document.createElement("p");
   said.textContent = `${answer.exception_type}: ${answer.exception_message}` + (answer.trace_id ? ` · trace ${answer.trace_id}` : "");
   const args = document.createElement("pre");
-  args.textContent = JSON.stringify(answer.arguments);
+  args.textContent = answer.not_shown || JSON.stringify(answer.arguments);
   const traceback = document.createElement("pre");
   traceback.className = "traceback";
   traceback.textContent = answer.traceback;
   body.append(said, args, traceback);
+  if (answer.cut) {  // what could not be kept as it came, when it was archived
+    const cut = document.createElement("p");
+    cut.className = "cut";
+    cut.textContent = "cut: " + answer.cut;
+    body.append(cut);
+  }
 }
 
 async function editAndRetry(button) {
@@ -102,6 +133,7 @@ async function editAndRetry(button) {
   const response = await fetch(button.dataset.url);
   const answer = await response.json();
   if (!response.ok) { tell("refused: " + answer.error, false); return; }
+  if (answer.not_shown) { tell("cannot edit it here: " + answer.not_shown, false); return; }
   const [args, kwargs] = answer.payload || [[], {}];
   dialog.querySelector("textarea").value = JSON.stringify({args, kwargs}, null, 2);
   dialog.querySelector(".edit-error").textContent = "";
@@ -128,6 +160,7 @@ document.addEventListener("DOMContentLoaded", () => {
   document.addEventListener("toggle", event => {
     if (event.target.matches && event.target.matches("details.message-detail")) openDetails(event.target);
   }, true);
+  document.addEventListener("click", clicked);
   const form = document.querySelector("#edit form");
   if (form) form.addEventListener("submit", sendEdited);
 });

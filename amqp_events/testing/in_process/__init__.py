@@ -119,7 +119,9 @@ class InProcess:
             for app in self.apps.values():
                 # Metrics as a worker that serves them records them (with prometheus-client installed).
                 metrics = [HandlerMetrics(app.events_settings.metrics_exception_labels)] if METRICS else []
-                self._on.enter_context(app.using(self.transport, self.clock, *metrics, recorder))
+                # Its messages go out as its broker URL's user, whose user_id the broker in memory verifies too.
+                transport = InProcessTransport(self, app.rabbitmq.user)
+                self._on.enter_context(app.using(transport, self.clock, *metrics, recorder))
         except BaseException:
             self._on.close()
             raise

@@ -21,8 +21,9 @@ class InProcessTransport:
 
     errors: tuple[type[BaseException], ...] = ()
 
-    def __init__(self, mode: Any) -> None:
-        self.mode = mode
+    def __init__(self, mode: Any, user: str | None = None) -> None:
+        #: The user an app's messages go out as (its broker URL's), verified as the broker would.
+        self.mode, self.user = mode, user
         self.broker: MemoryBroker = mode.broker
 
     def publish(self, message: OutgoingMessage) -> bool:
@@ -32,7 +33,7 @@ class InProcessTransport:
 
     def route(self, message: OutgoingMessage) -> bool:
         """Put ``message`` where the broker would, without handling anything yet."""
-        envelope = envelope_of(message)
+        envelope = envelope_of(message, self.user)
         exchange = exchange_to_declare(message)
         if exchange is not None:
             self.broker.declare_exchange(exchange)
@@ -93,7 +94,7 @@ class MemoryBatchPublisher:
         pass
 
 
-def envelope_of(message: OutgoingMessage) -> Envelope:
+def envelope_of(message: OutgoingMessage, user: str | None = None) -> Envelope:
     """``message`` as it reaches the broker: its body serialised by kombu exactly as a producer does."""
     if message.content_type is None:
         content_type, content_encoding, body = dumps(message.body, serializer="json")
@@ -107,6 +108,8 @@ def envelope_of(message: OutgoingMessage) -> Envelope:
         "content_type": content_type,
         "content_encoding": content_encoding,
     }
+    if user is not None:
+        properties["user_id"] = user
     return Envelope(
         dict(message.headers), body, content_type, content_encoding, properties, message.exchange, message.routing_key
     )
