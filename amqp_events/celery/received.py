@@ -33,7 +33,16 @@ from amqp_events.topology import delays
 from amqp_events.topology.names import event_of
 from amqp_events.topology.ownership import owner_of_event
 from amqp_events.wire import batch, limits
-from amqp_events.wire.message import ARCHIVE_CUT, FIRED_BY, OutgoingMessage, Reason, event_name, isoformat, parse_time
+from amqp_events.wire.message import (
+    ARCHIVE_CUT,
+    FIRED_BY,
+    X_DELIVERY_COUNT,
+    OutgoingMessage,
+    Reason,
+    event_name,
+    isoformat,
+    parse_time,
+)
 from amqp_events.wire.trust import vouch
 
 logger = logging.getLogger(__name__)
@@ -105,6 +114,8 @@ def entering(message: Message, context: ServiceContext, queue: str = "") -> Verd
     if not isinstance(message.headers, dict):
         return Refusal(Reason.MALFORMED_HEADERS, ValueError("the headers are not a table"))
     message.headers.pop(ARCHIVE_CUT, None)  # only an archived copy says what was cut, and only this worker writes it
+    if not (message.delivery_info or {}).get("redelivered"):  # the broker counts deliveries on redeliveries alone
+        message.headers.pop(X_DELIVERY_COUNT, None)
     hooks = bool(context.middleware.before_receive) and not batch.is_batch(message.headers)
     # Both, always: what either finds must go before a copy is made (a copy could carry neither).
     cut, wrong = too_large(message, context.settings.max_body_bytes), malformed(message.headers, complete=not hooks)

@@ -251,6 +251,10 @@ UNKEEPABLE = {
     "big-and-not-utf8": ({**HEADERS, "big": "h" * 90_000, b"\xff": "x"}, BODY, Reason.TOO_LARGE),
     "big-and-long-id": ({**HEADERS, "big": "h" * 90_000, "id": "i" * 300}, BODY, Reason.TOO_LARGE),
     "body-2m": (HEADERS, b'[["' + b"b" * 2_000_000 + b'"], {}, null]', Reason.TOO_LARGE),
+    # a handler named by a sender, archived for another reason: the archive says the handler that really ran it,
+    # and a replay or the console's edit and retry runs that one
+    "named-doomed": ({**HEADERS, "for_handler": "test.orders_only"}, b'[["doomed", {"permanent": true}], {}, null]',
+                     Reason.NON_RETRYABLE),
     "embed-chain": (HEADERS, json.dumps([["x"], {}, {"chain": [{"task": "test.orders_only", "args": ["chained"]}]}]
                                         ).encode(), Reason.EMBEDDED_WORKFLOW),
 }  # fmt: skip
@@ -269,6 +273,8 @@ def test_what_cannot_be_kept_as_it_came_is_archived_bounded_never_looped_or_stra
         put(broker_url, {**headers, "id": own_id, "case": case}, body=body)
     # a header that names a handler of another event: the queue and its event decide
     put(broker_url, {**HEADERS, "id": "named-other", "for_handler": "test.orders_only"}, body=b'[["named"], {}, null]')
+    # a delivery count on a first delivery: only the broker counts deliveries, and only on redeliveries
+    put(broker_url, {**HEADERS, "id": "counted", "x-delivery-count": 50}, body=b'[["counted"], {}, null]')
     entries = wait_archived(archive_of("orders"), len(UNKEEPABLE), timeout=60)
     archived = {entry.headers["case"]: entry for entry in entries}
     assert {case: entry.reason for case, entry in archived.items()} == {
@@ -276,12 +282,36 @@ def test_what_cannot_be_kept_as_it_came_is_archived_bounded_never_looped_or_stra
     }
     assert "'big' (" in archived["headers-120k"].cut and "big" not in archived["headers-120k"].headers
     assert "id" not in archived["big-and-long-id"].headers and b"\xff" not in archived["big-and-not-utf8"].headers
+    doomed = archived["named-doomed"]
+    assert doomed.handler == "services.orders.on_ping" and "for_handler" not in doomed.headers
     body = UNKEEPABLE["body-2m"][1]
     assert len(archived["body-2m"].body) == 4096 and hashlib.sha256(body).hexdigest() in archived["body-2m"].cut
     assert archive_of("orders").replay(Selection.of(ids=["body-2m"])).cut == ["body-2m"]  # it cannot run again
+    records.wait(1, tag="counted")
     [named] = records.wait(1, tag="named")
     assert named["event"] == "test.ping" and not records.all(event="test.orders_only")
     assert not [run for run in records.all() if run["tag"] in ("x", "chained")]
     still_serving(process, producer, records)
     stranded = {q["name"]: q["messages_dlx"] for q in rabbitmq.management.queues(vhost) if q.get("messages_dlx")}
     assert not stranded, stranded
+
+
+def test_a_flood_of_the_shared_ladder_is_refused_to_its_publisher_never_dropped(broker_url):
+    """Each shared queue is bounded by bytes with reject-publish: past the bound the publisher gets a nack (a
+    PublishError), and what the queue holds stays."""
+    from amqp_events import PublishError, events_app
+    from amqp_events.topology import delays
+
+    app = events_app("flood", broker_url=broker_url, amqp_events_shared_queue_max_bytes=20_000,
+                     amqp_events_publish_timeout=2)  # fmt: skip
+    app.declare_topology()
+    level = delays.level_name(10)  # where a fire 1,024 s away waits
+    confirmed = 0
+    try:
+        with pytest.raises(PublishError, match="refused it"):
+            for n in range(100):
+                app.fire("flood.tick", [n, "x" * 1000], countdown=1024)
+                confirmed += 1
+        assert 10 <= confirmed < 100 and app.transport.count(level) == confirmed  # nothing it held was dropped
+    finally:
+        app.close()
