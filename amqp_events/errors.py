@@ -1,15 +1,24 @@
-"""Every exception the library raises on purpose, in one place (all exported by ``amqp_events``)."""
+"""Every exception the library raises on purpose, in one place.
+
+Everything a user catches or raises derives from :class:`AmqpEventsError` (and, where it says so, from a
+built-in exception as before: ``PublishError`` is a ``RuntimeError`` too). The last group are not raised to
+anyone: they describe why a message was retried or archived (the archive's exception type).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-class PermanentFailure(Exception):
+class AmqpEventsError(Exception):
+    """The base of the library's exceptions: ``except AmqpEventsError`` catches any of them."""
+
+
+class PermanentFailure(AmqpEventsError):
     """Raise from a handler to archive its message at once (reason ``non_retryable``)."""
 
 
-class PublishError(RuntimeError):
+class PublishError(AmqpEventsError, RuntimeError):
     """The broker could not be reached, or did not confirm a message, in time.
 
     ``event_ids`` names the events that may or may not have reached the
@@ -31,11 +40,11 @@ class MessageRefused(PublishError):
         self.permanent = permanent
 
 
-class TopologyMissing(RuntimeError):
+class TopologyMissing(AmqpEventsError, RuntimeError):
     """A queue or exchange the library needs is not on the broker."""
 
 
-class TopologyMismatch(RuntimeError):
+class TopologyMismatch(AmqpEventsError, RuntimeError):
     """An exchange or queue exists on the broker with other arguments than this service declares."""
 
     def __init__(self, text: str, kind: str = "", name: str = "", argument: str = "") -> None:
@@ -43,28 +52,83 @@ class TopologyMismatch(RuntimeError):
         self.kind, self.name, self.argument = kind, name, argument
 
 
-class PermissionRefused(RuntimeError):
+class PermissionRefused(AmqpEventsError, RuntimeError):
     """The broker refused the service's user something it needs (a grant is missing); the message names it."""
 
 
-class InvalidName(ValueError):
+class InvalidName(AmqpEventsError, ValueError):
     """A service or event name the topology cannot be built from."""
 
 
-class DuplicateHandler(RuntimeError, ValueError):
+class DuplicateHandler(AmqpEventsError, RuntimeError, ValueError):
     """A service registered a second handler for the same event (a ``RuntimeError``, as in 0.1.0)."""
 
 
-class DelayTooLong(ValueError):
+class DelayTooLong(AmqpEventsError, ValueError):
     """A delay beyond what the broker's delay ladder can hold."""
 
 
-class SettingsFrozen(RuntimeError):
+class SettingsFrozen(AmqpEventsError, RuntimeError):
     """An ``amqp_events_*`` setting was changed after the app had read its settings."""
 
 
-class BadArguments(TypeError):
+class BadArguments(AmqpEventsError, TypeError):
     """The event's arguments do not fit the handler's signature (or do not build its typed event)."""
+
+
+class TooLarge(AmqpEventsError, ValueError):
+    """A message body larger than a worker reads (``amqp_events_max_body_bytes``, decompressed), or headers larger
+    than a copy of it could carry."""
+
+
+class NotOwner(AmqpEventsError, ValueError):
+    """Event ownership is on and an event was fired (or about to be) by a service that does not own it."""
+
+
+class Refused(AmqpEventsError):
+    """A worker cannot run a message at all (a CloudEvent it cannot read, a body that is not an event...).
+
+    ``reason`` is the :class:`~amqp_events.Reason` it is archived with, as it arrived.
+    """
+
+    def __init__(self, reason: Any, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
+
+
+class ManagementError(AmqpEventsError, RuntimeError):
+    """RabbitMQ's management API answered with an error or could not be reached."""
+
+
+class RelayConflict(AmqpEventsError, RuntimeError):
+    """Another relay already relays this SQLite outbox (one at a time)."""
+
+
+class LocalServerError(AmqpEventsError, RuntimeError):
+    """A private development server (RabbitMQ node, PostgreSQL, Redis) could not be started, reached or stopped."""
+
+
+class WorkerStartError(AmqpEventsError, RuntimeError):
+    """A ``celery worker`` started by the testing helpers exited or did not become ready in time."""
+
+
+class NotModelled(AmqpEventsError):
+    """The test relies on something the in-process mode does not model: test it against a real broker."""
+
+
+class UnhandledEvent(AmqpEventsError, AssertionError):
+    """An event was fired that no service in the test handles (``in_process(..., unhandled="ignore")`` allows it)."""
+
+
+class UnknownService(AmqpEventsError, LookupError):
+    """No service of that name on the vhost (none has a queue ``<service>.archive``)."""
+
+
+class SteeringError(AmqpEventsError, RuntimeError):
+    """A worker answered that it could not pause or resume a handler (the message says which and why)."""
+
+
+# -- why a message was retried or archived (the archive's exception types), never raised to a caller -----
 
 
 class WorkerLost(Exception):
@@ -83,61 +147,9 @@ class BreakerOpen(Exception):
     """A prefetched message was handed back unrun: its handler's circuit breaker is open."""
 
 
-class TooLarge(ValueError):
-    """A message body larger than a worker reads (``amqp_events_max_body_bytes``, decompressed), or headers larger
-    than a copy of it could carry."""
-
-
-class NotOwner(ValueError):
-    """Event ownership is on and an event was fired (or about to be) by a service that does not own it."""
-
-
 class Expired(Exception):
     """A message arrived after its ``expires`` time: it is archived unrun."""
 
 
 class Postponed(Exception):
     """A message arrived before its ``eta``: it waits the rest on the broker."""
-
-
-class Refused(Exception):
-    """A worker cannot run a message at all (a CloudEvent it cannot read, a body that is not an event...).
-
-    ``reason`` is the :class:`~amqp_events.Reason` it is archived with, as it arrived.
-    """
-
-    def __init__(self, reason: Any, text: str) -> None:
-        super().__init__(text)
-        self.reason = reason
-
-
-class ManagementError(RuntimeError):
-    """RabbitMQ's management API answered with an error or could not be reached."""
-
-
-class RelayConflict(RuntimeError):
-    """Another relay already relays this SQLite outbox (one at a time)."""
-
-
-class LocalServerError(RuntimeError):
-    """A private development server (RabbitMQ node, PostgreSQL, Redis) could not be started, reached or stopped."""
-
-
-class WorkerStartError(RuntimeError):
-    """A ``celery worker`` started by the testing helpers exited or did not become ready in time."""
-
-
-class NotModelled(Exception):
-    """The test relies on something the in-process mode does not model: test it against a real broker."""
-
-
-class UnhandledEvent(AssertionError):
-    """An event was fired that no service in the test handles (``in_process(..., unhandled="ignore")`` allows it)."""
-
-
-class UnknownService(LookupError):
-    """No service of that name on the vhost (none has a queue ``<service>.archive``)."""
-
-
-class SteeringError(RuntimeError):
-    """A worker answered that it could not pause or resume a handler (the message says which and why)."""

@@ -20,19 +20,15 @@ present for every service seen, at 0 when none is left.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from amqp.exceptions import NotFound
-from kombu import Connection, Queue
-
-from amqp_events.celery.heartbeats import dropped, heard
+from amqp_events.celery.heartbeats import heard
 from amqp_events.errors import ManagementError
 from amqp_events.history.watch import HistoryWatch, watch
 from amqp_events.topology import sizing
@@ -101,7 +97,7 @@ class Exporter:
     ) -> None:
         self.app, self.management, self.interval = app, management, interval
         self.topology = app.topology
-        self.vhost = str(Connection(app.conf.broker_url).virtual_host or "/")
+        self.vhost = app.rabbitmq.vhost
         self.workers = WorkerStates(worker_timeout, forget_after, services={app.service})
         self.queues: list[QueueStats] = []
         self.history: HistoryWatch | None = None
@@ -183,26 +179,15 @@ class Exporter:
     def _from_declares(self) -> list[QueueStats]:
         """Ready messages and consumers by passive declares. Only a 404 means a queue is missing; any other
         error fails the whole collection, so that it is counted and the last snapshot stays."""
-        found = []
-        with self.app.connection_for_read() as connection:
-            for queue in self.topology.queues:
-                channel: Any = connection.channel()
-                try:
-                    ok = channel.queue_declare(queue.name, passive=True)
-                except NotFound:  # it closed the channel; the other queues go on
-                    continue
-                channel.close()
-                found.append(
-                    QueueStats(
-                        queue.name,
-                        queue_kind(queue.name, self.topology.service),
-                        ok.message_count,
-                        None,
-                        ok.consumer_count,
-                        _max_length(queue),
-                    )
-                )
-        return found
+        states = self.app.rabbitmq.queue_states(queue.name for queue in self.topology.queues)
+        return [
+            QueueStats(
+                queue.name, queue_kind(queue.name, self.topology.service), ready, None, consumers, _max_length(queue)
+            )
+            for queue in self.topology.queues
+            if queue.name in states
+            for ready, consumers in [states[queue.name]]
+        ]
 
     def _listen_forever(self) -> None:
         while not self._stop.is_set():
@@ -216,16 +201,10 @@ class Exporter:
 
     def _listen(self) -> None:
         queue = heartbeats_listener(self.app.service, "exporter", self.app.events_settings)
-        with (
-            self.app.connection_for_read() as connection,
-            connection.Consumer(queue, callbacks=[self._on_heartbeat], on_decode_error=dropped, accept=["json"]),
-        ):
-            while not self._stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    connection.drain_events(timeout=1)
+        self.app.rabbitmq.listen(queue, self._on_heartbeat, stop=self._stop)
 
-    def _on_heartbeat(self, body: Any, message: Any) -> None:
-        beat = heard(body, message, self.app.context.identity)
+    def _on_heartbeat(self, body: Any, properties: Mapping[str, Any]) -> None:
+        beat = heard(body, properties, self.app.context.identity)
         if beat is not None:
             with self._lock:
                 self.workers.heard(beat["service"], beat["worker"], beat["state"], time.time())
@@ -335,6 +314,7 @@ def _history_metrics(service: str, history: HistoryWatch | None) -> Iterator[Any
     yield from (*families.values(), position)
 
 
-def _max_length(queue: Queue) -> float | None:
+def _max_length(queue: Any) -> float | None:
+    """A topology queue's length bound (its ``x-max-length``), if it has one."""
     value = (getattr(queue, "queue_arguments", None) or {}).get("x-max-length")
     return float(value) if value else None

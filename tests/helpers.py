@@ -4,6 +4,7 @@ archive, the installed command, reading metrics, the test services' apps and tab
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -13,7 +14,9 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 from amqp_events import EventsApp
 from amqp_events.testing import json_lines, wait_for
@@ -172,3 +175,10 @@ def queue_state(producer: EventsApp, queue: str) -> tuple[int, int]:
     with producer.connection_for_read() as connection:
         declared = connection.default_channel.queue_declare(queue, passive=True)
         return declared.message_count, declared.consumer_count
+
+
+def skip_outside_ci(reason: str) -> NoReturn:
+    """Skip, saying why, on a developer's machine; fail in CI, where every tier must run."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)

@@ -30,7 +30,7 @@ from amqp_events.topology import archive_queue_name
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import JSON, OutgoingMessage, copy_headers, json_body
-from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED
+from amqp_events.wire.parked import PARKS_KEY, RELEASE_PARKED
 from amqp_events.wire.trust import Identity, vouch
 
 

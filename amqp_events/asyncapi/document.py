@@ -18,13 +18,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kombu import Connection
-
 from amqp_events.asyncapi.schemas import payload_schema
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.events import Event
 from amqp_events.topology import delays
 from amqp_events.topology.names import SLOTS, ordered_exchange_name
+from amqp_events.transport.inspection import address_of, vhost_of
 from amqp_events.wire.message import DUE_AT, EVENT_KEY, EVENT_SLOT, FIRED_AT, FIRED_BY
 
 VERSION = "3.0.0"
@@ -41,8 +40,7 @@ def document(
     """The AsyncAPI document of ``context``'s service, which fires the ``declared`` events (``@app.event``,
     by name) on the broker at ``broker_url``, as plain data (dump it as JSON or YAML)."""
     settings, service = context.settings, context.name
-    connection = Connection(broker_url)
-    vhost = str(connection.virtual_host or "/")
+    vhost = vhost_of(broker_url)
     fired = dict(declared)
     handled = context.handlers
     definitions: dict[str, Any] = {}
@@ -106,7 +104,7 @@ def document(
         "defaultContentType": "application/json",
         "servers": {
             SERVER: {
-                "host": f"{connection.hostname or 'localhost'}:{connection.port or 5672}",
+                "host": address_of(broker_url),
                 "protocol": "amqp",
                 "protocolVersion": "0.9.1",
             }

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from amqp_events.breakers.breaker import BreakerPolicy
 from amqp_events.core.handler import Handler
@@ -19,6 +19,15 @@ def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(requires, str) or not all(isinstance(name, str) for name in requires):
         raise TypeError(f"{handler.name}: requires= takes the names of health checks, e.g. ['payments-api']")
     return {}
+
+
+class BreakerOptions(TypedDict, total=False):
+    """``@app.handler``'s options of the breakers."""
+
+    #: A :class:`~amqp_events.BreakerPolicy`, a dict of its fields, True or False (default: the app's).
+    breaker: BreakerPolicy | Mapping[str, Any] | bool | None
+    #: Health checks (:meth:`~amqp_events.celery.EventsApp.health_check`) that pause the handler while unhealthy.
+    requires: Sequence[str]
 
 
 BREAKER_OPTIONS = HandlerOptions("breakers", {"breaker": None, "requires": ()}, _check)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from amqp_events.archive import Archive
 from amqp_events.breakers.breaker import BreakerPolicy
@@ -30,9 +30,8 @@ from amqp_events.clock import SYSTEM_CLOCK, Clock
 from amqp_events.core.context import Middleware, Middlewares, ServiceContext
 from amqp_events.core.events import EventKey, argument_names
 from amqp_events.core.handler import Handler
+from amqp_events.features import HandlerOptionsGiven, standard_middleware
 from amqp_events.history import History
-from amqp_events.inbox.base import DedupStore, TransactionalInbox
-from amqp_events.middleware import standard_middleware
 from amqp_events.settings import CELERY_DEFAULTS, QUEUE_LAYOUT, Settings, environment_defaults, raw_settings
 from amqp_events.topology import Topology, check_service_name
 from amqp_events.topology.names import control_namespace, handler_queue_name
@@ -40,6 +39,8 @@ from amqp_events.transport.base import Transport
 from amqp_events.transport.rabbitmq import RabbitMQ
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from amqp_events.celery.outbox import Outbox
     from amqp_events.outbox.store import OutboxStore
 
@@ -234,23 +235,7 @@ class EventsApp(Producing, EventsCelery):
     # -- consuming ----------------------------------------------------------------------------------------
 
     def handler(
-        self,
-        event: str | type,
-        *,
-        bind: bool = False,
-        max_retries: int | None = None,
-        backoff_base: float | None = None,
-        backoff_max: float | None = None,
-        jitter: bool | None = None,
-        dont_retry: tuple[type[BaseException], ...] = (),
-        inbox: TransactionalInbox | None = None,
-        dedup: DedupStore | None = None,
-        breaker: BreakerPolicy | dict[str, Any] | bool | None = None,
-        requires: tuple[str, ...] | list[str] = (),
-        ordered_by: str | Callable[..., Any] | None = None,
-        on_archive: Literal["park", "skip"] = "park",
-        name: str | None = None,
-        **task_options: Any,
+        self, event: str | type, *, bind: bool = False, name: str | None = None, **options: Unpack[HandlerOptionsGiven]
     ) -> Callable[[T], T]:
         """Register a function (or a ``celery.Task`` subclass) as this service's handler of ``event``.
 
@@ -275,26 +260,10 @@ class EventsApp(Producing, EventsCelery):
         (``skip``). ``name`` registers another handler of an event that has one
         in this service (``@app.handler("user.created", name="welcome_email")``):
         it gets its own queue, retries, archive entries, breaker and metrics.
-        Other keyword arguments are Celery task options. Returns the decorated object.
+        Other keyword arguments are Celery task options. Each option belongs to the feature that reads it
+        (:mod:`amqp_events.features`). Returns the decorated object.
         """
-        given = {
-            "max_retries": max_retries,
-            "backoff_base": backoff_base,
-            "backoff_max": backoff_max,
-            "jitter": jitter,
-            "dont_retry": tuple(dont_retry) or None,
-        }
-        options = {
-            "retry_options": {key: value for key, value in given.items() if value is not None},
-            "inbox": inbox,
-            "dedup": dedup,
-            "breaker": breaker,
-            "requires": requires,
-            "ordered_by": ordered_by,
-            "on_archive": on_archive,
-            **task_options,
-        }
-        return HandlerDecorator(self, event, bind, options, name)
+        return HandlerDecorator(self, event, bind, dict(options), name)
 
     def event_handlers(self) -> list[Any]:
         """This service's handler tasks."""

@@ -5,7 +5,7 @@ Each event is first read by the ``before_receive`` hooks, as a message that
 came alone would be; one they change or refuse is sent back to the
 handler's queue by itself, to be read again (and archived with its reason,
 if refused) as an ordinary message. Where a message goes Celery's own way
-(the prefork pool, task signals, and so on: :mod:`amqp_events.celery.strategy`),
+(the prefork pool, task signals, and so on: :mod:`amqp_events.celery.dispatch`),
 a batch is *split* instead: all its events are sent back one by one
 (confirmed), then the batch is acked.
 """
@@ -13,7 +13,6 @@ a batch is *split* instead: all its events are sent back one by one
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from celery.exceptions import Reject
@@ -21,43 +20,37 @@ from celery.exceptions import Reject
 from amqp_events.celery.running import run_here
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Delivery, Received
+from amqp_events.core.delivery import Delivery, Received, Settler
 from amqp_events.errors import PublishError, Refused, TopologyMissing
 from amqp_events.topology.names import to_queue
-from amqp_events.wire.batch import BatchedEvent, events_of, is_batch
+from amqp_events.wire.batch import BatchedEvent, events_of
 from amqp_events.wire.message import EMPTY_EMBED, JSON, OutgoingMessage, event_name, json_body
 
 logger = logging.getLogger(__name__)
 
 
-def batch_runner(task: Any, app: Any, consumer: Any) -> Callable[[Any, Any, Any], None]:
+def run_batch(app: Any, task: Any, message: Any, settler: Settler, hostname: str) -> None:
     """Run the events of a batch of ``task``'s, then ack it (or reject it, when settling failed: it comes back,
     and an inbox skips what ran)."""
     handler = task.handler
-    errors = consumer.connection_errors  # what the ack and reject promises log rather than raise
-
-    def run(message: Any, ack: Any, reject: Any) -> None:
-        info = message.delivery_info
-        alone = []
-        try:
-            for event in events_of(handler.event, message.decode()):
-                if not receive_hooks_pass_unchanged(app.context, handler.queue, event):
-                    alone.append(event)
-                    continue
-                delivery = Delivery(event.headers, handler.queue, "", handler.queue, event.args, event.kwargs)
-                try:
-                    run_here(app, task, delivery, info, consumer.hostname)
-                except Reject:  # the handler rejected its message itself: it gets one to reject, alone
-                    alone.append(event)
-            send_alone(app.context, handler.queue, alone)
-        except Exception:
-            batch_id = message.headers.get("id")
-            logger.exception("could not settle replay batch %s of %s; it comes back", batch_id, task.name)
-            reject(logger, errors, False)
-            return
-        ack(logger, errors)
-
-    return run
+    info = message.delivery_info
+    alone = []
+    try:
+        for event in events_of(handler.event, message.decode()):
+            if not receive_hooks_pass_unchanged(app.context, handler.queue, event):
+                alone.append(event)
+                continue
+            delivery = Delivery(event.headers, handler.queue, "", handler.queue, event.args, event.kwargs)
+            try:
+                run_here(app, task, delivery, info, hostname)
+            except Reject:  # the handler rejected its message itself: it gets one to reject, alone
+                alone.append(event)
+        republish_each(app.context, handler.queue, alone)
+    except Exception:
+        logger.exception("could not settle replay batch %s of %s; it comes back", message.headers.get("id"), task.name)
+        settler.reject()
+        return
+    settler.ack()
 
 
 def receive_hooks_pass_unchanged(context: ServiceContext, queue: str, event: BatchedEvent) -> bool:
@@ -72,31 +65,18 @@ def receive_hooks_pass_unchanged(context: ServiceContext, queue: str, event: Bat
         return False
 
 
-def splitting(strategy: Callable[..., Any], task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
-    """``strategy``, with each batch split into messages of their own (which ``strategy`` then gets)."""
-    errors = consumer.connection_errors
-
-    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
-        if not is_batch(message.headers):
-            return strategy(message, body, ack, reject, callbacks, **more)
-        split(app.context, task.handler.queue, message, ack, reject, errors)
-        return None
-
-    return on_message
-
-
-def split(context: ServiceContext, queue: str, message: Any, ack: Any, reject: Any, errors: Any = ()) -> None:
+def split(context: ServiceContext, queue: str, message: Any, settler: Settler) -> None:
     """Send the events of the batch ``message`` to ``queue`` one by one, then ack it."""
     try:
-        send_alone(context, queue, events_of(event_name(message.headers), message.decode()))
+        republish_each(context, queue, events_of(event_name(message.headers), message.decode()))
     except Exception:
         logger.exception("could not split replay batch %s; it comes back", message.headers.get("id"))
-        reject(logger, errors, False)
+        settler.reject()
         return
-    ack(logger, errors)
+    settler.ack()
 
 
-def send_alone(context: ServiceContext, queue: str, events: list[BatchedEvent]) -> None:
+def republish_each(context: ServiceContext, queue: str, events: list[BatchedEvent]) -> None:
     """Publish each of ``events`` to ``queue`` as a message of its own, and wait for the broker's confirms."""
     if not events:
         return

@@ -5,8 +5,8 @@
   that names the queue, the argument and both values (raised from the
   consumer's start-up, where Celery treats it as unrecoverable). A worker
   that ends up consuming none of its service's event queues says so loudly.
-* Every message is admitted first (:mod:`amqp_events.celery.received`): what
-  no handler can run is archived, never dropped or requeued in a loop.
+* Every message goes through the one dispatcher (:mod:`amqp_events.celery.dispatch`): routed, then archived,
+  run here or handed to Celery's request path; never dropped or requeued in a loop.
 * With the solo pool, acks are sent at once; a warm shutdown wakes the event
   loop at once (:mod:`amqp_events.celery.loop`).
 
@@ -23,22 +23,27 @@ from typing import Any, ClassVar
 
 from celery import signals
 from celery.concurrency.solo import TaskPool as SoloPool
+from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.worker.consumer import Consumer
 from kombu import Connection
 from kombu.message import Message
 from vine import promise
 
-from amqp_events.celery.coroutines import CoroutineRunner, runs_on_its_loop
+from amqp_events.celery.coroutine_loop import CoroutineRunner, runs_on_its_loop
+from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
 from amqp_events.celery.loop import LoopWaker, acks_now
+from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.prefetch import size_prefetch
-from amqp_events.celery.received import Archiver, admit, decoding_failed, install_limits
+from amqp_events.celery.settling import Archiver, ChannelSettler
 from amqp_events.celery.tags import ConsumedQueues
-from amqp_events.core import routing
+from amqp_events.core import addressing
 from amqp_events.core.context import ServiceContext
+from amqp_events.core.router import Archive, route
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.transport.declare import declare_topology
+from amqp_events.wire.limits import decoding_reason
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
@@ -51,6 +56,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     ordered_runner: OrderedRunner | None = None
     #: Runs the messages of coroutine handlers on the worker's event loop (solo and threads pools).
     coroutine_runner: CoroutineRunner | None = None
+    #: Carries out each message's route (made with the task handler, on every connection).
+    dispatcher: Dispatcher
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         # Upstream (5.5+): the DelayedDelivery step declares 28 queues of its own on every vhost with quorum
@@ -132,25 +139,37 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         return connection
 
     def create_task_handler(self, promise: Callable[..., Any] = promise) -> Callable[[Message], Any]:
-        if isinstance(self.pool, SoloPool):
+        pool = self.pool
+        if isinstance(pool, SoloPool):
             promise = acks_now(promise, deferred=(self.call_soon, getattr(self, "call_soon_ack", None)))
-        run = super().create_task_handler(promise)
+        threads = isinstance(pool, ThreadsPool)
+        eventer = self.event_dispatcher
+        self.dispatcher = Dispatcher(
+            self.app,
+            self.archiver,
+            lambda: runner_of(self.app, self),
+            self.hostname,
+            celery_path=super().create_task_handler(promise),  # Celery's request path, where it is needed
+            executor=pool.apply_async if threads else inline,
+            coroutines=self.coroutine_runner.submit if self.coroutine_runner is not None else None,
+            revoked=self.controller.state.revoked,
+            bypass=isinstance(pool, SoloPool | ThreadsPool),
+            events=bool(eventer and eventer.enabled),
+        )
 
         def on_task_received(message: Message) -> Any:
             queue = self.consumed_from(message)
             if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
                 logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
                 return message.reject(requeue=True)
-            verdict = admit(message, self.app.context, queue)
-            if verdict is not None:
-                return self.archiver.take(message, verdict)
-            return run(message)
+            self.dispatcher.dispatch(message, queue, ChannelSettler(message, self.call_soon))
+            return None
 
         return on_task_received
 
     def consumed_from(self, message: Message) -> str | None:
         """The queue ``message`` came from, by its consumer tag: which handlers may run it
-        (:func:`amqp_events.core.routing.route`); ``None`` when not known."""
+        (:func:`amqp_events.core.addressing.address`); ``None`` when not known."""
         return self.consumed_queues.of(self.task_consumer, (message.delivery_info or {}).get("consumer_tag"))
 
     # Upstream's hooks for messages it cannot run, should one reach them after all (a handler registered
@@ -158,18 +177,21 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     # queue's dead-letter exchange would bring straight back). Each is archived instead.
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
-        verdict = admit(message, self.app.context, self.consumed_from(message) or "")
-        self.archiver.take(message, verdict or decoding_failed(exc))
+        routed = route(self.app.context, message, self.consumed_from(message) or "")
+        self._archive(message, routed if isinstance(routed, Archive) else Archive(decoding_reason(exc), exc))
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        self.archiver.archive(message, Reason.UNDECODABLE, routing.not_an_event())
+        self._archive(message, Archive(Reason.UNDECODABLE, addressing.not_an_event()))
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = (message.headers or {}).get("task")
-        self.archiver.archive(message, Reason.UNKNOWN_EVENT, routing.unknown_event(self.app.service, name))
+        self._archive(message, Archive(Reason.UNKNOWN_EVENT, addressing.unknown_event(self.app.service, name)))
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
-        self.archiver.take(message, decoding_failed(exc))
+        self._archive(message, Archive(decoding_reason(exc), exc))
+
+    def _archive(self, message: Message, archive: Archive) -> None:
+        self.archiver.take(message, ChannelSettler(message, self.call_soon), archive)
 
 
 def warn_of_unverified_authors(context: ServiceContext) -> None:

@@ -9,14 +9,12 @@ from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
 from celery import Task
 
-from amqp_events.breakers.options import BREAKER_OPTIONS
 from amqp_events.celery.task import EventHandler
 from amqp_events.core.events import Event, EventKey, Fires, event_class
 from amqp_events.core.handler import RETRY_OPTIONS, Handler
 from amqp_events.coroutines import is_coroutine_handler, run_to_completion
 from amqp_events.errors import DuplicateHandler
-from amqp_events.middleware.inbox import INBOX_OPTIONS
-from amqp_events.ordering.options import ORDERING_OPTIONS
+from amqp_events.features import LIBRARY_OPTIONS, with_options
 from amqp_events.settings import QUEUE_LAYOUT
 from amqp_events.topology import check_event_name
 from amqp_events.topology.names import handler_queue_name, intake_queue_name, task_name
@@ -95,7 +93,8 @@ class HandlerDecorator:
         function = cast(Callable[..., Any], target.run if isinstance(target, type) else target)  # type: ignore[attr-defined]
         if inspect.isasyncgenfunction(function):
             raise TypeError(f"{described} is an async generator: a handler returns, it does not yield")
-        retry_options = {**celery_retry_options(target, options, described), **options.pop("retry_options")}
+        given_retries = {name: value for name in RETRY_OPTIONS if (value := options.pop(name, None)) not in (None, ())}
+        retry_options = {**celery_retry_options(target, options, described), **given_retries}
         handler = Handler(
             event=event,
             name=described,
@@ -107,8 +106,7 @@ class HandlerDecorator:
             retry_options=retry_options,
             label=self.label,
         )
-        for feature in FEATURE_OPTIONS:  # each takes, checks and applies its own options
-            handler = feature.apply(handler, {name: options.pop(name) for name in feature.defaults if name in options})
+        handler = with_options(handler, options)  # each feature takes, checks and applies its own
         if handler.ordered and self.label is not None:
             raise TypeError(
                 f"{described}: a named handler cannot be ordered (ordered_by): the service's partitions carry one "
@@ -132,13 +130,6 @@ class HandlerDecorator:
         return target
 
 
-#: The features that declare handler options (:mod:`amqp_events.core.options`), in the order they apply: the
-#: inbox's handle comes before the payload that ordering reads its key from.
-FEATURE_OPTIONS = (INBOX_OPTIONS, BREAKER_OPTIONS, ORDERING_OPTIONS)
-#: The options ``@app.handler`` takes itself (the others are Celery task options).
-HANDLER_OPTIONS = ("bind", *RETRY_OPTIONS, *(name for feature in FEATURE_OPTIONS for name in feature.defaults))
-
-
 def check_task_options(options: dict[str, Any], described: str) -> None:
     """What is left of ``@app.handler``'s ``options`` once the library took its own must be Celery task options
     (attributes of ``celery.Task``): a misspelt option would otherwise become a task attribute nothing reads."""
@@ -146,7 +137,7 @@ def check_task_options(options: dict[str, Any], described: str) -> None:
     if unknown:
         raise TypeError(
             f"{described}: unknown handler option(s) {', '.join(unknown)}: the library's are "
-            f"{', '.join(HANDLER_OPTIONS)}; any other is a Celery task option (acks_late, rate_limit, time_limit...)"
+            f"{', '.join(LIBRARY_OPTIONS)}; any other is a Celery task option (acks_late, rate_limit, time_limit...)"
         )
 
 

@@ -5,9 +5,8 @@ or comes from a user that does not stand for the service it names, is dropped wi
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
+from collections.abc import Mapping
 from typing import Any
 
 from amqp_events.topology.layout import heartbeats_listener
@@ -20,21 +19,13 @@ logger = logging.getLogger(__name__)
 Beats = dict[tuple[str, str], dict[str, Any]]
 
 
-def heard(body: Any, message: Any, reader: Identity) -> dict[str, Any] | None:
-    """The beat ``message`` brings, as ``reader`` believes it (``None``: dropped, and logged why); acked."""
+def heard(body: Any, properties: Mapping[str, Any], reader: Identity) -> dict[str, Any] | None:
+    """The beat ``body`` brings, as ``reader`` believes it (``None``: dropped, and logged why)."""
     try:
-        return read_heartbeat(body, (message.properties or {}).get("user_id"), reader)
+        return read_heartbeat(body, properties.get("user_id"), reader)
     except ValueError as exc:
         logger.warning("dropped a heartbeat: %s", exc)
         return None
-    finally:
-        message.ack()
-
-
-def dropped(message: Any, exc: Exception) -> None:
-    """A beat kombu cannot decode (not JSON): dropped, and the listener goes on."""
-    logger.warning("dropped a heartbeat that is not JSON: %s", exc)
-    message.ack()
 
 
 def listen(app: Any, seconds: float, listener: str, service: str | None = None) -> Beats:
@@ -42,8 +33,8 @@ def listen(app: Any, seconds: float, listener: str, service: str | None = None) 
     beats: Beats = {}
     reader = app.context.identity
 
-    def on_beat(body: Any, message: Any) -> None:
-        beat = heard(body, message, reader)
+    def on_beat(body: Any, properties: Mapping[str, Any]) -> None:
+        beat = heard(body, properties, reader)
         if beat is None or (service is not None and beat["service"] != service):
             return
         key = (beat["service"], beat["worker"])
@@ -52,13 +43,5 @@ def listen(app: Any, seconds: float, listener: str, service: str | None = None) 
         else:
             beats.pop(key, None)
 
-    end = time.monotonic() + seconds
-    queue = heartbeats_listener(app.service, listener, app.events_settings)
-    with (
-        app.connection_for_read() as connection,
-        connection.Consumer(queue, callbacks=[on_beat], on_decode_error=dropped, accept=["json"]),
-    ):
-        while time.monotonic() < end:
-            with contextlib.suppress(TimeoutError):
-                connection.drain_events(timeout=max(0.05, min(1.0, end - time.monotonic())))
+    app.rabbitmq.listen(heartbeats_listener(app.service, listener, app.events_settings), on_beat, seconds)
     return beats

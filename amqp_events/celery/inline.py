@@ -1,10 +1,7 @@
 """Running one message of a service in the caller's thread, as a ``celery worker`` with the solo pool
-would: the consumer's admission (archiving what cannot run), then the handler task's strategy: the pipeline
-on the message itself (:func:`amqp_events.celery.strategy.handler_of`), an ordered handler's through its
-runner, and Celery's ``Request``, traced in this thread, where something configured needs Celery's own path
-(:func:`~amqp_events.celery.strategy.needs_celery_request`). The in-process mode of
-:mod:`amqp_events.testing` runs every message through here, so that an outcome there is decided by the very
-code a worker runs.
+would: through the same dispatcher (:mod:`amqp_events.celery.dispatch`), with Celery's ``Request`` traced in this
+thread where something configured needs Celery's own path. The in-process mode of :mod:`amqp_events.testing` runs
+every message through here, so that an outcome there is decided by the very code a worker runs.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_contract.py runs the same scenarios here and on a broker).
 """
@@ -21,12 +18,11 @@ from kombu.message import Message
 from kombu.serialization import prepare_accept_content
 from kombu.utils.imports import symbol_by_name
 
-from amqp_events.celery import batches, ordered
-from amqp_events.celery.received import Archiver, admit
-from amqp_events.celery.strategy import handler_of, may_bypass_celery_request, needs_celery_request
+from amqp_events.celery.dispatch import Dispatcher
+from amqp_events.celery.settling import Archiver, ChannelSettler
+from amqp_events.core.router import Run
 from amqp_events.errors import NotModelled
 from amqp_events.ordering.runner import Executor, OrderedRunner
-from amqp_events.wire.batch import is_batch
 
 
 class InlineWorker:
@@ -37,11 +33,10 @@ class InlineWorker:
         self.hostname = f"in-process@{app.service}"
         self.pool = InlinePool(app)
         self.accept = prepare_accept_content(app.conf.accept_content)
-        self.archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
         #: Ordered handlers' messages, run by the runner a worker's consumer has, on ``executor``.
         self.runner = OrderedRunner(lambda: app.context, executor)
-        #: Each handler task's run on a message, as a solo worker's strategy makes it.
-        self.handlers: dict[str, Callable[[Any, Any, Any], None]] = {}
+        archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
+        self.dispatcher = Dispatcher(app, archiver, lambda: self.runner, self.hostname, celery_path=self._traced)
 
     def run(
         self,
@@ -65,22 +60,17 @@ class InlineWorker:
             accept=self.accept,
             channel=channel,
         )
-        verdict = admit(message, self.app.context, str(channel.queue))
-        if verdict is not None:
-            self.archiver.take(message, verdict)
-            return False
+        try:
+            routed = self.dispatcher.dispatch(message, str(channel.queue), ChannelSettler(message))
+        except Exception:
+            raise
+        except BaseException as exc:
+            raise lost_process(self.app, exc) from exc
+        return isinstance(routed, Run) and routed.handler.ordered
+
+    def _traced(self, message: Message) -> None:
+        """Celery's own request path, traced in this thread (where something configured needs it)."""
         task = self.app.tasks[message.headers["task"]]
-        if is_batch(message.headers):  # its events come one by one, as a worker of Celery's path takes them
-            batches.split(self.app.context, task.handler.queue, message, _ack(message), _reject(message))
-            return False
-        if task.handler.ordered:  # as a worker's partition consumer gives it to its runner
-            held = ordered.held_of(self.app, task, message, channel.queue, message.ack, message.reject, self.hostname)
-            if held is not None:
-                self.runner.take(held)
-            return held is not None
-        if may_bypass_celery_request(task, sends_events=False) and not needs_celery_request(message.headers, ()):
-            self._run_here(task, message)
-            return False
         request = symbol_by_name(task.Request)(
             message,
             on_ack=message.ack_log_error,
@@ -94,28 +84,6 @@ class InlineWorker:
             decoded=False,
         )
         request.execute_using_pool(self.pool)
-        return False
-
-    def _run_here(self, task: Any, message: Message) -> None:
-        handle = self.handlers.get(task.name)
-        if handle is None:
-            handle = self.handlers[task.name] = handler_of(task, self.app, self.hostname, ())
-        try:
-            handle(message, _ack(message), _reject(message))
-        except Exception:
-            raise
-        except BaseException as exc:
-            raise lost_process(self.app, exc) from exc
-
-
-def _ack(message: Message) -> Callable[..., None]:
-    """``message``'s ack, as a worker's strategy calls it (``ack(logger, errors)``)."""
-    return lambda *_: message.ack()
-
-
-def _reject(message: Message) -> Callable[..., None]:
-    """``message``'s reject, as a worker's strategy calls it (``reject(logger, errors, requeue)``)."""
-    return lambda _, __, requeue: message.reject(requeue)
 
 
 class InlinePool:

@@ -17,12 +17,12 @@ from typing import Any
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.exceptions import Reject
 
-from amqp_events.celery.received import decoded_delivery
 from amqp_events.celery.running import run_here
-from amqp_events.core.delivery import Delivery
+from amqp_events.core.delivery import Delivery, Settler
 from amqp_events.core.outcome import Outcome
+from amqp_events.core.router import decoded_delivery
 from amqp_events.ordering.intake import key_of
-from amqp_events.ordering.runner import Held, OrderedRunner, Rejected
+from amqp_events.ordering.runner import OrderedRunner, Pending, Rejected
 from amqp_events.ordering.timers import Timers
 from amqp_events.wire.message import StoredMessage
 
@@ -72,48 +72,12 @@ def runner_of(app: Any, consumer: Any) -> OrderedRunner:
     return runner
 
 
-def ordered_strategy(task: Any, app: Any, consumer: Any) -> Callable[..., Any]:
-    """The strategy of an ordered handler's task: every message goes to the consumer's runner."""
-    runner_of(app, consumer)  # made now, in the consumer's thread (where solo runs)
-
-    def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> None:
-        partition = consumer.consumed_from(message) or task.handler.queue
-        take(app, consumer, task, message, ack, reject, partition)
-
-    return on_message
-
-
-def take(app: Any, consumer: Any, task: Any, message: Any, ack: Any, reject: Any, partition: str) -> None:
-    """A message of ``partition`` from one of ``consumer``'s consumers: to the runner (``ack`` and ``reject`` as
-    Celery's strategies get them)."""
-    errors = consumer.connection_errors
-    held = held_of(
-        app,
-        task,
-        message,
-        partition,
-        lambda: ack(logger, errors),
-        lambda requeue: reject(logger, errors, requeue),
-        consumer.hostname,
-    )
-    if held is not None:
-        runner_of(app, consumer).take(held)
-
-
-def held_of(
-    app: Any,
-    task: Any,
-    message: Any,
-    partition: str,
-    ack: Callable[[], None],
-    reject: Callable[[bool], None],
-    hostname: str,
-) -> Held | None:
+def pending_of(app: Any, task: Any, message: Any, partition: str, settler: Settler, hostname: str) -> Pending | None:
     """``message`` of ordered handler ``task`` as the runner holds it; ``None`` when it was sent on to its
     partition or archived instead (:func:`~amqp_events.ordering.intake.key_of`)."""
     delivery, info = decoded_delivery(message, partition), message.delivery_info
     stored = StoredMessage(message.headers, message.body, message.content_type, message.content_encoding)
-    key = key_of(app.context, task.handler, stored, delivery, ack, reject)
+    key = key_of(app.context, task.handler, stored, delivery, settler)
     if key is None:
         return None
 
@@ -124,4 +88,4 @@ def held_of(
             return Rejected(bool(exc.requeue))
         return outcome
 
-    return Held(key, task.handler, delivery, stored, run, ack, reject)
+    return Pending(key, task.handler, delivery, stored, run, settler)

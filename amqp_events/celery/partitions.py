@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from typing import Any
 
@@ -26,8 +25,7 @@ from celery import bootsteps
 from kombu import Consumer
 from kombu.message import Message
 
-from amqp_events.celery.ordered import take
-from amqp_events.celery.received import admit
+from amqp_events.celery.settling import ChannelSettler
 from amqp_events.topology.names import is_partition_queue, workers_queue_name
 
 logger = logging.getLogger(__name__)
@@ -114,13 +112,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def received(self, c: Any, partition: str, message: Message) -> None:
         self.last_message[partition] = time.monotonic()
-        verdict = admit(message, c.app.context, partition)
-        if verdict is not None:
-            c.archiver.take(message, verdict)
-            return
-        ack, reject = from_any_thread(c, message.ack_log_error), from_any_thread(c, message.reject_log_error)
-        task = c.app.tasks[message.headers["task"]]
-        take(c.app, c, task, message, ack, reject, partition)
+        c.dispatcher.dispatch(message, partition, ChannelSettler(message, c.call_soon))
 
     def stop_consuming(self, c: Any, partition: str) -> None:
         channel, _ = self.channels.pop(partition)
@@ -133,7 +125,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
     def tick(self, c: Any) -> None:
         try:
             if self.handing_over:
-                self.release_handed_over(c)
+                self.finish_hand_overs(c)
             elif time.monotonic() >= self.next_look:
                 self.next_look = time.monotonic() + BALANCE_EVERY
                 self.rebalance(c)
@@ -154,7 +146,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
             c.ordered_runner.pause(partition)
             self.handing_over[partition] = now + HAND_OVER_TIMEOUT
 
-    def release_handed_over(self, c: Any) -> None:
+    def finish_hand_overs(self, c: Any) -> None:
         for partition, deadline in list(self.handing_over.items()):
             if c.ordered_runner.idle(partition) or time.monotonic() >= deadline:
                 queue = self.channels[partition][1]
@@ -182,16 +174,3 @@ def close_quietly(channel: Any) -> None:
 
 def ignore(message: Message) -> None:
     """Nothing is sent to the queue that counts workers; should something be, it is dropped (unacked: no_ack)."""
-
-
-def from_any_thread(c: Any, settle: Any) -> Any:
-    """``settle`` (an ack or a reject) done in the event loop's thread: the channel is not thread-safe."""
-    loop_thread = threading.get_ident()
-
-    def settled(*args: Any) -> None:
-        if threading.get_ident() == loop_thread:
-            settle(*args)
-        else:
-            c.call_soon(settle, *args)
-
-    return settled

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from amqp_events.core.context import ServiceContext
-    from amqp_events.core.firing import FireOptions
+    from amqp_events.core.events import FireOptions
     from amqp_events.settings import Settings
     from amqp_events.transport.rabbitmq import RabbitMQ
 
@@ -43,12 +43,7 @@ class Producing:
         event: str,
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        *,
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        event_id: str | None = None,
-        wire_format: str | None = None,
-        key: str | int | None = None,
+        **options: Unpack[FireOptions],
     ) -> str:
         """Publish ``event`` (no validation) and return its id once the broker confirmed it.
 
@@ -64,18 +59,7 @@ class Producing:
         Inside ``with app.batch():`` it returns at once; inside ``with
         app.outbox(...):`` it writes a row.
         """
-        wire_format = self.wire_format(wire_format) if wire_format else None
-        return firing.fire(
-            self.context,
-            event,
-            args,
-            kwargs,
-            countdown=countdown,
-            eta=eta,
-            event_id=event_id,
-            wire_format=wire_format,
-            key=key,
-        )
+        return firing.fire(self.context, event, args, kwargs, **self._checked(options))
 
     def batch(self, window: int = 2000) -> Any:
         """Fire many events fast: inside the block, firing returns the event id at once.
@@ -117,9 +101,13 @@ class Producing:
         it, awaiting the confirm on the running event loop (one connection per loop, through aio-pika), and
         raises :class:`~amqp_events.PublishError` where :meth:`fire` does. Inside ``async with
         app.batch_async():`` it returns at once."""
+        return await firing.fire_async(self.context, event, args, kwargs, **self._checked(options))
+
+    def _checked(self, options: FireOptions) -> FireOptions:
+        """``options`` with its wire format checked (the app's when none is given)."""
         if options.get("wire_format"):
             options["wire_format"] = self.wire_format(options["wire_format"])
-        return await firing.fire_async(self.context, event, args, kwargs, **options)
+        return options
 
     def batch_async(self, window: int = 2000) -> Any:
         """:meth:`batch` for coroutines: ``async with app.batch_async():`` collects the confirms of the events

@@ -35,10 +35,9 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
     broker, and :func:`amqp_events.current_event` describes the event.
     """
 
-    #: Celery builds this worker-side request for every message it runs: it counts pool processes lost.
+    #: Celery builds this worker-side request for every message it runs its own way (the prefork pool, ...:
+    #: :mod:`amqp_events.celery.dispatch`): it counts pool processes lost.
     Request = "amqp_events.celery.request:EventRequest"
-    #: How a worker runs each message: the handling pipeline on the message itself, with the solo pool.
-    Strategy = "amqp_events.celery.strategy:events"
     #: The handler as the core sees it (set by ``@app.handler``).
     handler: ClassVar[Handler]
 

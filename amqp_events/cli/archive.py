@@ -19,7 +19,7 @@ from amqp_events.celery import control
 from amqp_events.cli.context import current_context, one_line_errors
 from amqp_events.topology import delays, parked_queue_name
 from amqp_events.topology.names import is_direct_exchange
-from amqp_events.wire.parking import PARKS_KEY
+from amqp_events.wire.parked import PARKS_KEY
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -7,9 +7,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
-from amqp.exceptions import NotFound
-from kombu import Connection
-from kombu.exceptions import OperationalError
 
 from amqp_events.celery import EventsApp
 from amqp_events.errors import (
@@ -20,16 +17,16 @@ from amqp_events.errors import (
     TopologyMismatch,
     TopologyMissing,
 )
+from amqp_events.transport.inspection import MISSING, UNREACHABLE, shown, vhost_of
 from amqp_events.transport.management import ManagementAPI
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Failures an operator can act on: one line on stderr and exit status 1, no traceback.
 EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
-    OperationalError,
-    ConnectionError,
+    *UNREACHABLE,
+    *MISSING,
     PublishError,
-    NotFound,
     TopologyMismatch,
     TopologyMissing,
     ManagementError,
@@ -59,17 +56,17 @@ one_line_errors = expecting(*EXPECTED_ERRORS)
 
 def where(exc: BaseException) -> str:
     """For a broker that cannot be reached: which one (its URL, without the password)."""
-    if not isinstance(exc, OperationalError | ConnectionError):
+    if not isinstance(exc, UNREACHABLE):
         return ""
     context = click.get_current_context(silent=True)
     found = context.find_object(Context) if context else None
     app = found.__dict__.get("app") if found else None  # only an app already loaded: never load one here
-    return f" (broker {Connection(app.conf.broker_url).as_uri()})" if app is not None else ""
+    return f" (broker {shown(app.conf.broker_url)})" if app is not None else ""
 
 
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
-    if isinstance(exc, NotFound):
+    if isinstance(exc, MISSING):
         text = f"not found on the broker: {getattr(exc, 'reply_text', text)}"
     return text.splitlines()[0]
 
@@ -115,7 +112,7 @@ class Context:
 
     @property
     def vhost(self) -> str:
-        return str(Connection(self.app.conf.broker_url).virtual_host or "/")
+        return vhost_of(self.app.conf.broker_url)
 
     @property
     def management(self) -> ManagementAPI:

@@ -17,7 +17,7 @@ costs nothing (:class:`Middlewares` keeps, per hook, only the overriding ones).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -122,6 +122,12 @@ class Middleware:
     worker's event loop, where coroutine handlers run, so that it may share their clients (an async database
     engine, ``httpx.AsyncClient``); elsewhere on a loop of the calling thread.
     """
+
+    @classmethod
+    def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> Middleware | None:
+        """The middleware of this kind a service with ``settings`` and ``handlers`` gets (``None``: none): the
+        library's own say when they are wanted (:mod:`amqp_events.features` lists them)."""
+        return cls()
 
     def before_fire(self, firing: Firing) -> None:
         return None

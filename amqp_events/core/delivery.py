@@ -1,5 +1,6 @@
 """A message a worker took, in the core's terms: as it arrived (:class:`Received`), as its handler sees it
-(:class:`Delivery`), and the handler running for it (:class:`Running`, read by :func:`current_event`)."""
+(:class:`Delivery`), how its end reaches the broker (:class:`Settler`), and the handler running for it
+(:class:`Running`, read by :func:`current_event`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from amqp_events.wire.message import EMPTY_EMBED, JSON, LOST_RUNS, EventMetadata, StoredMessage, event_id, event_name
 
@@ -64,6 +65,20 @@ class Delivery:
 
     def task_body(self) -> list[Any]:
         return [list(self.args), dict(self.kwargs), EMPTY_EMBED]
+
+
+class Settler(Protocol):
+    """How a worker ends a message it took, on the broker: AMQP's three answers. Each host sends them its own way
+    (from the consumer's thread, through a channel in memory); a message is settled once."""
+
+    def ack(self) -> None:
+        """Done with it: the broker forgets it (any copy its outcome needed is confirmed already)."""
+
+    def requeue(self) -> None:
+        """Back to its queue as it is, for another delivery (its delivery count goes up)."""
+
+    def reject(self) -> None:
+        """Refused: its queue dead-letters it (back into the queue, counted as a failed attempt)."""
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,32 @@ import functools
 import inspect
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, Protocol, TypedDict, TypeVar
 
 from amqp_events.core.arguments import by_name, check_arguments
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's own from Python 3.11
 
 P = ParamSpec("P")
 C = TypeVar("C", bound=type)
 
 #: What ``@app.event(key=...)`` takes: the name of an argument (or field), or a callable that returns the key.
 EventKey = str | Callable[..., Any]
+
+
+class FireOptions(TypedDict, total=False):
+    """The keyword options of firing an event by name (``app.fire``, ``app.fire_async``)."""
+
+    #: Seconds the event first waits on the broker's delay ladder (or ``eta``, a datetime).
+    countdown: float | None
+    eta: datetime | None
+    #: Fire it under this id instead of a new one (again, after a ``PublishError``).
+    event_id: str | None
+    #: "celery" or "cloudevents": overrides the app's ``amqp_events_wire_format``.
+    wire_format: str | None
+    #: The aggregate the event belongs to (the ``event_key`` header).
+    key: str | int | None
 
 
 class Fires(Protocol):
@@ -28,16 +45,15 @@ class Fires(Protocol):
         event: str,
         args: tuple[Any, ...] | list[Any] = (),
         kwargs: dict[str, Any] | None = None,
-        *,
-        countdown: float | None = None,
-        eta: datetime | None = None,
-        event_id: str | None = None,
-        wire_format: str | None = None,
-        key: str | int | None = None,
+        **options: Unpack[FireOptions],
     ) -> str: ...
 
     async def fire_async(
-        self, event: str, args: tuple[Any, ...] | list[Any] = (), kwargs: dict[str, Any] | None = None, **options: Any
+        self,
+        event: str,
+        args: tuple[Any, ...] | list[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        **options: Unpack[FireOptions],
     ) -> str: ...
 
     def wire_format(self, given: str | None = None) -> str: ...

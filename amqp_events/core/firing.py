@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from contextvars import ContextVar
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from amqp_events.core.context import Firing, ServiceContext
+from amqp_events.core.events import FireOptions
 from amqp_events.errors import NotOwner, PublishError, TopologyMissing
 from amqp_events.topology import check_event_name, delays
 from amqp_events.topology.names import slot_of
@@ -80,17 +81,11 @@ def fire(
     event: str,
     args: tuple[Any, ...] | list[Any] = (),
     kwargs: dict[str, Any] | None = None,
-    *,
-    countdown: float | None = None,
-    eta: datetime | None = None,
-    event_id: str | None = None,
-    wire_format: str | None = None,
-    key: Any = None,
+    **options: Unpack[FireOptions],
 ) -> str:
     """Fire ``event`` (no validation) and return its id: once the broker confirmed it, or once an open sink
     took it (see :meth:`amqp_events.celery.EventsApp.fire`)."""
-    firing = _built(context, event, args, kwargs, countdown=countdown, eta=eta, event_id=event_id,
-                    wire_format=wire_format, key=key)  # fmt: skip
+    firing = _built(context, event, args, kwargs, **options)
     if _taken(firing):
         return firing.message.message_id
     message = delayed(context, firing.message, firing.delay)
@@ -99,16 +94,6 @@ def fire(
     except Exception as exc:
         _failed(firing, exc)
     return _published(firing, message, routed)
-
-
-class FireOptions(TypedDict, total=False):
-    """The keyword options of :func:`fire`, for its coroutine twin."""
-
-    countdown: float | None
-    eta: datetime | None
-    event_id: str | None
-    wire_format: str | None
-    key: Any
 
 
 async def fire_async(

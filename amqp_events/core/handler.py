@@ -9,13 +9,24 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypedDict
 
 from amqp_events.core.events import field_names
 from amqp_events.errors import BadArguments
 
-#: ``max_retries``/``backoff_base``/``backoff_max``/``jitter``/``dont_retry``: a handler's own retry rules.
-RETRY_OPTIONS = ("max_retries", "backoff_base", "backoff_max", "jitter", "dont_retry")
+
+class RetryOptions(TypedDict, total=False):
+    """``@app.handler``'s own retry rules (the others are the app's settings)."""
+
+    max_retries: int | None
+    backoff_base: float | None
+    backoff_max: float | None
+    jitter: bool | None
+    #: Exception types archived at once (``non_retryable``).
+    dont_retry: tuple[type[BaseException], ...]
+
+
+RETRY_OPTIONS = tuple(RetryOptions.__annotations__)
 
 
 @dataclass(frozen=True, eq=False)

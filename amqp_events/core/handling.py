@@ -2,14 +2,14 @@
 
 * :func:`receive`: a message as it arrived, through the ``before_receive``
   hooks (a CloudEvent is read into the library's form); then
-  :func:`amqp_events.core.routing.route` says which handler of this service takes it.
+  :func:`amqp_events.core.router.route` says what becomes of it.
 * :func:`handle`: a handler's run, from the middleware's ``before_handle``
   to its settled outcome (:mod:`amqp_events.core.outcome` decides it,
   :mod:`amqp_events.core.settle` publishes its copy).
 * :func:`retry_running`: the running handler asked to be retried (``self.retry()``).
 * :func:`lost`: the pool process running a message died.
-* :func:`refuse`: a message no handler can take goes to the archive as it arrived.
-* :func:`postpone`: a message that came before its ``eta`` waits on the broker.
+* :func:`dead_letter`: a message no handler can take goes to the archive as it arrived.
+* :func:`defer`: a message that came before its ``eta`` waits on the broker.
 
 Each ends in the ``after_handle`` hooks, once. The caller (the Celery
 adapter, :mod:`amqp_events.celery`) acks the original message once this
@@ -30,7 +30,7 @@ from amqp_events.core import sections
 from amqp_events.core.context import Attempt, HandlerCall, ServiceContext
 from amqp_events.core.delivery import Delivery, Received, Running, running, start_running, stop_running
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, refusal, waiting_for_eta
+from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, deferred_until_eta, refusal
 from amqp_events.core.settle import describe, settle
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.wire.message import Reason
@@ -225,12 +225,12 @@ def lost(context: ServiceContext, handler: Handler, delivery: Delivery) -> Outco
     return _conclude(attempt, decide(delivery, Lost(), context.handling(handler), context.now()))
 
 
-def postpone(context: ServiceContext, delivery: Delivery, delay: int) -> Outcome:
+def defer(context: ServiceContext, delivery: Delivery, delay: int) -> Outcome:
     """Send ``delivery``, which arrived ``delay`` seconds before its ``eta``, to wait on the broker's ladder."""
-    return _conclude(Attempt(context, delivery, None, "refused"), waiting_for_eta(delivery, delay, context.now()))
+    return _conclude(Attempt(context, delivery, None, "refused"), deferred_until_eta(delivery, delay, context.now()))
 
 
-def refuse(context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException) -> Outcome:
+def dead_letter(context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException) -> Outcome:
     """Archive ``delivery``, which no handler of this service can run, with ``reason``."""
     attempt = Attempt(context, delivery, None, "refused")
     return _conclude(attempt, decide(delivery, CannotRun(reason, error), context.handling(None), context.now()))

@@ -43,7 +43,7 @@ from amqp_events.wire.message import (
     OutgoingMessage,
     Reason,
     copy_headers,
-    earlier_deliveries,
+    delivery_count,
     isoformat,
     json_body,
     parse_time,
@@ -108,8 +108,8 @@ class Redeliver:
     copy: OutgoingMessage
     delay: int
     error: BaseException
-    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``hand_back`` unrun (breaker open),
-    #: ``postpone`` unrun until its ``eta`` (a delay belongs on the broker, never in a worker).
+    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``requeue_later`` unrun (breaker open),
+    #: ``defer`` unrun until its ``eta`` (a delay belongs on the broker, never in a worker).
     why: str = "retry"
 
     @property
@@ -132,8 +132,8 @@ class SendToArchive:
 _REDELIVERY_NAMES = {
     "retry": "retry_scheduled",
     "redeliver": "redelivered",
-    "hand_back": "handed_back",
-    "postpone": "postponed",
+    "requeue_later": "handed_back",
+    "defer": "postponed",
 }
 Outcome = Ack | Redeliver | SendToArchive
 
@@ -173,7 +173,7 @@ def refusal(delivery: Delivery, handling: Handling) -> Failed | CannotRun | None
     headers = delivery.headers
     if X_DELIVERY_COUNT not in headers and X_DEATH not in headers:  # the usual case, decided at once
         return None
-    returns = earlier_deliveries(headers)
+    returns = delivery_count(headers)
     if returns >= handling.max_redeliveries:
         return CannotRun(Reason.WORKER_LOST, WorkerLost(f"returned to its queue {returns} times without an outcome"))
     if was_rejected(delivery.headers, delivery.queue):
@@ -199,7 +199,7 @@ def decide(
         if lost >= handling.max_deliveries:
             return archive(delivery, Reason.WORKER_LOST, error, delivery.retries + lost, handling, now)
         headers = {**copy_headers(delivery.headers, delivery.retries), LOST_RUNS: lost}
-        return Redeliver(back_to_queue(delivery, headers, 0, now), 0, error, why="redeliver")
+        return Redeliver(republish(delivery, headers, 0, now), 0, error, why="redeliver")
     # This delivery was an attempt (the log says attempt=N), whether the handler ran or its input was refused.
     return archive(delivery, happened.reason, happened.error, delivery.retries + 1, handling, now)
 
@@ -231,7 +231,7 @@ def after_failure(
     if section is not None:
         headers[SECTION_RETRIES] = {**counts, section.name: used + 1}
         headers[FAILED_SECTION] = section.name
-    return Redeliver(back_to_queue(delivery, headers, decision.delay, now), decision.delay, failed.error)
+    return Redeliver(republish(delivery, headers, decision.delay, now), decision.delay, failed.error)
 
 
 def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
@@ -244,25 +244,25 @@ def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
     )
 
 
-def hand_back(delivery: Delivery, now: datetime, wait: int = 0) -> Redeliver:
+def requeue_later(delivery: Delivery, now: datetime, wait: int = 0) -> Redeliver:
     """A message taken while its handler's breaker was open goes back unrun (after ``wait`` seconds on the
     broker), its counters unchanged."""
     headers = copy_headers(delivery.headers, delivery.retries)
     if LOST_RUNS in delivery.headers:  # a per-copy count, but this copy is the same delivery again
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
     error = BreakerOpen("the handler's circuit breaker is open")
-    return Redeliver(back_to_queue(delivery, headers, wait, now), wait, error, why="hand_back")
+    return Redeliver(republish(delivery, headers, wait, now), wait, error, why="requeue_later")
 
 
-def waiting_for_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:
+def deferred_until_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:
     """A message that arrived before its ``eta`` waits on the broker's ladder, unrun, its counters unchanged
     (its ``eta`` kept: one further than the ladder's longest wait is postponed again when it comes back)."""
     headers = copy_headers(delivery.headers, delivery.retries)
     error = Postponed(f"its eta is {delay}s away")
-    return Redeliver(back_to_queue(delivery, headers, delay, now), delay, error, why="postpone")
+    return Redeliver(republish(delivery, headers, delay, now), delay, error, why="defer")
 
 
-def back_to_queue(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
+def republish(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
     """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first."""
     direct = OutgoingMessage(*to_queue(delivery.queue), headers, delivery.task_body(), delivery.event_id)
     return direct.after(delay, delays.queue_destination(delivery.queue), now)

@@ -14,7 +14,7 @@ from amqp_events.core.context import Attempt, ServiceContext
 from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive
 from amqp_events.errors import TopologyMissing
 from amqp_events.wire.message import EVENT_KEY, OutgoingMessage
-from amqp_events.wire.parking import PARKS_KEY
+from amqp_events.wire.parked import PARKS_KEY
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from amqp_events.errors import TopologyMissing
 from amqp_events.topology import Topology
 from amqp_events.topology.names import ordered_exchange_name, partition_queue_name, to_queue
 from amqp_events.wire.message import EMPTY_EMBED, EVENT_KEY, JSON, OutgoingMessage, json_body
-from amqp_events.wire.parking import HOLD_LIVE, RELEASE_PARKED
+from amqp_events.wire.parked import HOLD_LIVE, RELEASE_PARKED
 
 logger = logging.getLogger(__name__)
 

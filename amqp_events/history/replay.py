@@ -52,7 +52,7 @@ from amqp_events.wire.message import (
     copy_headers,
     event_key,
 )
-from amqp_events.wire.parking import HISTORY_REPLAY
+from amqp_events.wire.parked import HISTORY_REPLAY
 
 logger = logging.getLogger(__name__)
 

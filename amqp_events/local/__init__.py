@@ -1,6 +1,7 @@
 """Private, throwaway servers for development: a RabbitMQ node (:mod:`~amqp_events.local.broker`) or a cluster
-of them (:mod:`~amqp_events.local.cluster`), each in a directory of its own. ``amqp-events broker`` and the test
-harness start them; nothing in a producer or a worker imports this package."""
+of them (:mod:`~amqp_events.local.cluster`), PostgreSQL (:mod:`~amqp_events.local.postgres`) and Redis
+(:mod:`~amqp_events.local.redis`), each in a directory of its own. ``amqp-events broker`` and the test fixtures
+start them; nothing in a producer or a worker imports this package."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from amqp_events.core.context import Attempt, HandlerCall, Middleware, ServiceContext
 from amqp_events.core.handler import Handler
@@ -22,7 +22,8 @@ from amqp_events.core.options import HandlerOptions
 from amqp_events.core.outcome import Ack, Outcome
 from amqp_events.core.settle import describe
 from amqp_events.coroutines import is_coroutine_handler
-from amqp_events.inbox.base import EffectKey, effect_stores
+from amqp_events.inbox.base import DedupStore, EffectKey, TransactionalInbox, effect_stores
+from amqp_events.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +58,25 @@ def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
     return {"handle_first": True}
 
 
-#: ``inbox=`` (a :class:`~amqp_events.inbox.base.TransactionalInbox`) and ``dedup=`` (a
-#: :class:`~amqp_events.inbox.base.DedupStore`): the handler options of this middleware.
+class InboxOptions(TypedDict, total=False):
+    """``@app.handler``'s options of exactly-once effects."""
+
+    #: Runs the handler in a transaction that records the event (handed to it as its first argument).
+    inbox: TransactionalInbox | None
+    #: Skips events already handled (a store such as :class:`amqp_events.inbox.RedisDedup`).
+    dedup: DedupStore | None
+
+
+#: ``inbox=`` and ``dedup=``: the handler options of this middleware.
 INBOX_OPTIONS = HandlerOptions("inbox", {"inbox": None, "dedup": None}, _check)
 
 
 class InboxMiddleware(Middleware):
     """Installed by an app when one of its handlers has an inbox or a dedup store."""
+
+    @classmethod
+    def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> InboxMiddleware | None:
+        return cls() if any(any(effect_stores(handler)) for handler in handlers) else None
 
     def before_handle(self, attempt: Attempt) -> Outcome | None:
         dedup = effect_stores(attempt.handler)[1] if attempt.handler is not None else None

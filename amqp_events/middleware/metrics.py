@@ -10,11 +10,15 @@ nothing otherwise. The instruments are those of :mod:`amqp_events.metrics`.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from amqp_events.core.context import Attempt, Firing, Middleware
+from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
-from amqp_events.metrics import ExceptionLabels, instruments, record_fired
+from amqp_events.metrics import AVAILABLE, ExceptionLabels, instruments, record_fired
+from amqp_events.metrics.serve import served_here
+from amqp_events.settings import Settings
 from amqp_events.wire.message import queue_wait
 
 #: Every outcome's name (:mod:`amqp_events.core.outcome`), and those that end a message's life.
@@ -27,6 +31,14 @@ class FiringMetrics(Middleware):
 
     def after_fire(self, firing: Firing, result: str, error: BaseException | None) -> None:
         record_fired(firing.context.name, firing.message.event, result)
+
+
+def metrics_for(settings: Settings, handlers: Sequence[Handler], version: str) -> FiringMetrics | None:
+    """With prometheus-client installed: the handlers' metrics too where the process serves them (a worker)."""
+    if not AVAILABLE:
+        return None
+    served = bool(settings.metrics_port) or served_here()
+    return HandlerMetrics(settings.metrics_exception_labels) if served else FiringMetrics()
 
 
 class HandlerMetrics(FiringMetrics):

@@ -17,11 +17,14 @@ second (OpenTelemetry sets it once for good, so one found is kept).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from amqp_events.core.context import Attempt, Firing, Middleware, Replay
+from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Outcome, Redeliver
+from amqp_events.settings import Settings
 from amqp_events.wire.message import ARCHIVE_TRACEPARENT, DUE_AT, FIRED_BY, REPLAY_TRACEPARENT, event_id, queue_wait
 
 try:
@@ -79,6 +82,11 @@ class ProviderWatch:
 
 class Tracing(Middleware):
     """Spans of firing, handling and replaying (installed by an app when the ``[otel]`` extra is)."""
+
+    @classmethod
+    def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> Tracing | None:
+        """With OpenTelemetry installed (the ``[tracing]`` extra)."""
+        return cls(version, as_child=settings.trace_as_child) if INSTALLED else None
 
     def __init__(self, version: str, as_child: bool = False) -> None:
         self.version = version

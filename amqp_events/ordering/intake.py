@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Delivery
+from amqp_events.core.delivery import Delivery, Settler
 from amqp_events.core.handler import Handler
 from amqp_events.core.settle import publish_routed
 from amqp_events.errors import BadArguments
@@ -24,8 +23,7 @@ def key_of(
     handler: Handler,
     stored: StoredMessage,
     delivery: Delivery,
-    ack: Callable[[], None],
-    reject: Callable[[bool], None],
+    settler: Settler,
 ) -> str | None:
     """The key of a message of an ordered handler; ``None`` when it was sent on or settled instead.
 
@@ -42,8 +40,8 @@ def key_of(
     try:
         found = event_key(key if key is not None else handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
     except (BadArguments, ValueError) as exc:
-        handling.refuse(context, replace(delivery, raw_body=stored.body), Reason.BAD_ARGUMENTS, exc)
-        ack()
+        handling.dead_letter(context, replace(delivery, raw_body=stored.body), Reason.BAD_ARGUMENTS, exc)
+        settler.ack()
         return None
     slotted = OutgoingMessage(
         ordered_exchange_name(context.name),
@@ -58,7 +56,7 @@ def key_of(
         publish_routed(context, slotted)
     except Exception:  # it comes back (dead-lettered to the intake queue) and is sent on again
         logger.exception("could not send event %s on to its partition; it comes back", delivery.event_id)
-        reject(False)
+        settler.reject()
         return None
-    ack()
+    settler.ack()
     return None

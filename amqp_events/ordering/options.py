@@ -4,7 +4,7 @@ archived event holds its key's later events back until it is replayed or discard
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from amqp_events.core.handler import Handler
 from amqp_events.core.options import HandlerOptions
@@ -37,6 +37,15 @@ def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
     if not callable(ordered_by) and ordered_by not in handler.argument_names:
         raise TypeError(f"{handler.name}: ordered_by={ordered_by!r} is not one of its event's arguments")
     return {"key": _key(handler, ordered_by), "parks": on_archive == "park"}
+
+
+class OrderingOptions(TypedDict, total=False):
+    """``@app.handler``'s options of ordered handling (docs/guides/ordering.md)."""
+
+    #: The name of the event's argument that holds its key, or a callable given the arguments.
+    ordered_by: str | Callable[..., Any] | None
+    #: When an event of a key is archived: its key's later events wait (``park``) or go on (``skip``).
+    on_archive: Literal["park", "skip"]
 
 
 ORDERING_OPTIONS = HandlerOptions("ordering", {"ordered_by": None, "on_archive": "park"}, _check)

@@ -32,7 +32,7 @@ from amqp_events.metrics import record_parked_keys
 from amqp_events.ordering.sequences import GATE, Action, Gate, Sequence, decide, through_gate, without_gate_marks
 from amqp_events.topology.names import parked_queue_of, to_queue
 from amqp_events.wire.message import EVENT_KEY, OutgoingMessage, StoredMessage
-from amqp_events.wire.parking import HELD_LIVE, HOLD_LIVE, PARKED_HEAD, PARKED_SEQ, RELEASED_BEHIND, RELEASED_LAST
+from amqp_events.wire.parked import HELD_LIVE, HOLD_LIVE, PARKED_HEAD, PARKED_SEQ, RELEASED_BEHIND, RELEASED_LAST
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Whatever takes the messages (a Celery worker's partition consumers, the
 in-process mode of :mod:`amqp_events.testing`) gives each to
-:meth:`OrderedRunner.take` as a :class:`Held`: its key, its delivery, how to
-run its handler and how to ack or reject the original. The runner keeps them
+:meth:`OrderedRunner.take` as a :class:`Pending`: its key, its delivery, how to
+run its handler and how to settle the original. The runner keeps them
 in lanes by key (:class:`~amqp_events.ordering.lanes.Lanes`), admits each
 through its partition's parked keys (:class:`~amqp_events.ordering.parking.Parking`),
 runs it, and holds a retry itself: the original stays unacked on the broker
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Delivery
+from amqp_events.core.delivery import Delivery, Settler
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
 from amqp_events.ordering.lanes import Lanes
@@ -62,7 +62,7 @@ class Rejected:
 
 
 @dataclass(slots=True)
-class Held:
+class Pending:
     """A message of an ordered handler in the runner: running, waiting behind its key, or waiting for its retry.
     Only the runner changes it (its turn when taken, its action when first run, its delivery for a retry)."""
 
@@ -74,8 +74,8 @@ class Held:
     #: Runs the handler on a delivery: the outcome settled, :class:`Rejected`, or ``None`` (the runtime took it:
     #: Celery's ``Ignore``).
     run: Callable[[Delivery], Outcome | Rejected | None]
-    ack: Callable[[], None]
-    reject: Callable[[bool], None]
+    #: How the original is settled on the broker.
+    settler: Settler
     #: Its partition's turn with this runner (:meth:`OrderedRunner.forget` ends it); set by :meth:`OrderedRunner.take`.
     turn: int = -1
     #: What its key's parked sequence (if any) made of it; ``None`` until it was first taken up.
@@ -92,7 +92,7 @@ class OrderedRunner:
     def __init__(self, context: Callable[[], ServiceContext], executor: Executor) -> None:
         self.context, self.executor = context, executor
         #: Per partition (a key is in one partition).
-        self.lanes: dict[str, Lanes[Held]] = defaultdict(Lanes)
+        self.lanes: dict[str, Lanes[Pending]] = defaultdict(Lanes)
         #: Each partition's turn: a message of an ended turn went back to the broker with its channel.
         self.turns: dict[str, int] = defaultdict(int)
         #: Partitions being handed over: their messages not yet started wait, to go back to the broker.
@@ -102,7 +102,7 @@ class OrderedRunner:
         self.parking = Parking(context)
         self.stopped = False
 
-    def take(self, held: Held) -> None:
+    def take(self, held: Pending) -> None:
         """A message arrived: run it now, or after the one of its key before it."""
         held.turn = self.turns[held.partition]
         if self.lanes[held.partition].offer(held.key, held):
@@ -146,11 +146,11 @@ class OrderedRunner:
 
     # -- running -------------------------------------------------------------------------------------
 
-    def submit(self, held: Held) -> None:
+    def submit(self, held: Pending) -> None:
         if not self.stopped:
             self.executor.submit(lambda: self.run(held))
 
-    def run(self, held: Held | None) -> None:
+    def run(self, held: Pending | None) -> None:
         """Run ``held``, then the next message of its key while its lane has one ready."""
         while held is not None and self.current(held):
             partition, key = held.partition, held.key
@@ -167,11 +167,11 @@ class OrderedRunner:
                 with self.lock:
                     self.running[partition] -= 1
 
-    def current(self, held: Held) -> bool:
+    def current(self, held: Pending) -> bool:
         """Is ``held`` still this runner's (not gone with its partition or the connection)?"""
         return held.turn == self.turns[held.partition] and not self.stopped
 
-    def run_one(self, held: Held) -> Held | None:
+    def run_one(self, held: Pending) -> Pending | None:
         """Run one message; returns the next one of its key to run now, if any."""
         parking, delivery = self.parking, held.delivery
         try:
@@ -183,7 +183,7 @@ class OrderedRunner:
                 held.action = action
             outcome = held.run(delivery)
             if isinstance(outcome, Rejected):  # the handler rejected its message itself: it gives up its place
-                held.reject(outcome.requeue)
+                held.settler.requeue() if outcome.requeue else held.settler.reject()
                 return self.lanes[held.partition].finish(held.key) if self.current(held) else None
             if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
                 held.delivery = retried(delivery, outcome)
@@ -197,16 +197,16 @@ class OrderedRunner:
             return None
         return self.done(held)
 
-    def done(self, held: Held) -> Held | None:
+    def done(self, held: Pending) -> Pending | None:
         """Ack ``held``; returns the next message of its key to run now, if any."""
-        held.ack()
+        held.settler.ack()
         return self.lanes[held.partition].finish(held.key) if self.current(held) else None
 
-    def later(self, seconds: float, held: Held) -> None:
+    def later(self, seconds: float, held: Pending) -> None:
         self.executor.call_after(seconds, lambda: self.submit(held), held.partition)
 
 
-def takes_part(action: Action, parking: Parking, held: Held) -> bool:
+def takes_part(action: Action, parking: Parking, held: Pending) -> bool:
     """Does a message admitted with ``action`` run? If not, it is parked now, or was a release command."""
     if action is Action.PARK:
         parking.park(held.partition, held.key, held.stored)

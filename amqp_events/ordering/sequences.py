@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from amqp_events.wire.parking import HISTORY_REPLAY, HOLD_LIVE, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
+from amqp_events.wire.parked import HISTORY_REPLAY, HOLD_LIVE, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
 
 #: The parked sequence of a partition's replay gate (no key is empty): while a history replay runs, the events
 #: that did not come from it wait behind it.

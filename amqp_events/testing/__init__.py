@@ -1,12 +1,12 @@
-"""Helpers for testing services built with celery-amqp-events, and the project's own development tools.
+"""Helpers for testing services built with celery-amqp-events.
 
 * :func:`in_process` (:mod:`amqp_events.testing.in_process`): services'
   handlers run in the test's own thread, on a broker in memory and a
   virtual clock, deciding outcomes with the worker's own code.
 * :mod:`amqp_events.testing.fixtures`: pytest fixtures (the in-process mode,
   and services as real workers against a real RabbitMQ node:
-  ``pytest_plugins = ["amqp_events.testing.fixtures"]``).
-* :mod:`amqp_events.local.broker`: a private, throwaway RabbitMQ node (the fixtures start one).
+  ``pytest_plugins = ["amqp_events.testing.fixtures"]``), on the private servers
+  of :mod:`amqp_events.local` (RabbitMQ, PostgreSQL, Redis).
 * :mod:`amqp_events.testing.workers`: ``celery worker`` processes, stopped by PID.
 * :func:`wait_for`: poll a condition with a deadline; :func:`json_lines`: read what processes append.
 

@@ -44,9 +44,9 @@ from amqp_events.celery.pointing import apps_pointed_at
 from amqp_events.errors import LocalServerError, WorkerStartError
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.local.postgres import LocalPostgres
+from amqp_events.local.redis import LocalRedis
 from amqp_events.testing.in_process import InProcess, in_process
-from amqp_events.testing.postgres import LocalPostgres
-from amqp_events.testing.redis import LocalRedis
 from amqp_events.testing.workers import WORKER_FLAGS, WorkerProcess, worker_argv
 from amqp_events.transport.management import ManagementAPI
 

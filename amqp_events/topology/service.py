@@ -20,7 +20,7 @@ from amqp_events.topology.layout import (
     service_queue,
 )
 from amqp_events.topology.names import check_service_name, direct_exchange_name, event_of, owner_of
-from amqp_events.topology.ordered import ordered_partitions, parked_queues, workers_queue
+from amqp_events.topology.partitioning import ordered_partitions, parked_queues, workers_queue
 
 
 def service_topology(service: str, events: Iterable[str], settings: Settings, ordered: Iterable[str] = ()) -> Topology:

@@ -31,9 +31,8 @@ from kombu.serialization import dumps
 
 from amqp_events.errors import MessageRefused, PublishError, TopologyMissing
 from amqp_events.transport.publisher import (
-    FIRST_PAUSE,
-    MAX_PAUSE,
     PERSISTENT,
+    Attempts,
     Connections,
     checks_shared,
     exchange_to_declare,
@@ -71,27 +70,15 @@ class AioPublisher:
 
     async def publish(self, message: OutgoingMessage) -> bool:
         """Publish ``message``; ``True`` if a queue received it, ``False`` if it was unroutable."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        pause = FIRST_PAUSE
+        attempts = Attempts(message, self.timeout, asyncio.get_running_loop().time)
         while True:
             try:
-                return await self.publish_once(message, max(0.1, deadline - loop.time()))
+                return await self.publish_once(message, attempts.left())
             except (*_TRANSIENT, TimeoutError) as exc:
                 refused = isinstance(exc, DeliveryError)
                 what = "the broker refused it (nack)" if refused else f"broker unavailable ({exc!r})"
-                if loop.time() + pause >= deadline:
-                    raise PublishError(
-                        f"could not publish {message.event!r} to {message.exchange or 'the default exchange'!r} "
-                        f"within {self.timeout:g}s: {what}",
-                        [message.message_id],
-                    ) from exc
-                level = logging.WARNING if pause == FIRST_PAUSE else logging.DEBUG
-                logger.log(
-                    level, "could not publish %s: %s; publishing again in %.1fs", message.message_id, what, pause
-                )
-                await asyncio.sleep(pause)  # the next attempt opens a channel again if the broker closed this one
-                pause = min(pause * 2, MAX_PAUSE)
+                # The next attempt opens a channel again if the broker closed this one.
+                await asyncio.sleep(attempts.failed(what, exc))
 
     async def publish_once(self, message: OutgoingMessage, timeout: float) -> bool:
         """One attempt, its confirm awaited ``timeout`` seconds at most: :class:`TopologyMissing` for a missing

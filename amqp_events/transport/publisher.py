@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from amqp.exceptions import MessageNacked
@@ -61,6 +62,37 @@ def send(channel: Any, message: OutgoingMessage, confirm_timeout: float | None =
         prepared, exchange=message.exchange, routing_key=message.routing_key, mandatory=True,
         confirm_timeout=confirm_timeout,
     )  # fmt: skip
+
+
+class Attempts:
+    """The attempts to publish one message within ``timeout`` seconds: after each failure, a pause that doubles
+    (from :data:`FIRST_PAUSE` to :data:`MAX_PAUSE`), or :class:`PublishError` once the next would pass the deadline.
+    The same for the blocking publisher and the coroutines' (each sleeps its own way)."""
+
+    def __init__(self, message: OutgoingMessage, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.message, self.timeout, self.clock = message, timeout, clock
+        self.deadline = clock() + timeout
+        self.pause = FIRST_PAUSE
+
+    def left(self) -> float:
+        """Seconds left before the deadline (0.1 at least: an attempt's own waits need some)."""
+        return max(0.1, self.deadline - self.clock())
+
+    def failed(self, what: str, error: BaseException, where: str = "") -> float:
+        """The attempt failed for ``what`` (``error``): the pause before the next; :class:`PublishError` when there
+        is no time for it."""
+        message, pause = self.message, self.pause
+        if self.clock() + pause >= self.deadline:
+            target = message.exchange or "the default exchange"
+            raise PublishError(
+                f"could not publish {message.event!r} to {target!r}{where} within {self.timeout:g}s: {what}",
+                [message.message_id],
+            ) from error
+        # Once per message at warning level; the rest of the attempts only at debug level.
+        level = logging.WARNING if pause == FIRST_PAUSE else logging.DEBUG
+        logger.log(level, "could not publish %s: %s; publishing again in %.1fs", message.message_id, what, pause)
+        self.pause = min(pause * 2, MAX_PAUSE)
+        return pause
 
 
 def exchange_to_declare(message: OutgoingMessage, passive: bool = False) -> Exchange | None:
@@ -121,13 +153,12 @@ class Publisher:
         """
         producer = self._producer()
         connection = producer.connection
-        deadline = time.monotonic() + self.timeout
-        pause = FIRST_PAUSE
+        attempts = Attempts(message, self.timeout)
         while True:
             try:
                 if not connection.connected:
-                    self._reconnect(producer, deadline)
-                return self._publish_once(producer, message, deadline)
+                    self._reconnect(producer, attempts.deadline)
+                return self._publish_once(producer, message, attempts.deadline)
             except (
                 *connection.recoverable_connection_errors,
                 *connection.recoverable_channel_errors,
@@ -135,20 +166,7 @@ class Publisher:
             ) as exc:
                 refused = isinstance(exc, MessageNacked)
                 what = "the broker refused it (nack)" if refused else f"broker unavailable ({exc!r})"
-                if time.monotonic() + pause >= deadline:
-                    raise PublishError(
-                        f"could not publish {message.event!r} to "
-                        f"{message.exchange or 'the default exchange'!r} on {connection.as_uri()} "
-                        f"within {self.timeout:g}s: {what}",
-                        [message.message_id],
-                    ) from exc
-                # Once per message at warning level; the rest of the attempts only at debug level.
-                level = logging.WARNING if pause == FIRST_PAUSE else logging.DEBUG
-                logger.log(
-                    level, "could not publish %s: %s; publishing again in %.1fs", message.message_id, what, pause
-                )
-                time.sleep(pause)
-                pause = min(pause * 2, MAX_PAUSE)
+                time.sleep(attempts.failed(what, exc, f" on {connection.as_uri()}"))
                 if refused:  # see ConfirmedBatchPublisher._reopen_channel: a fresh channel, on the same connection
                     stale = producer.channel
                     producer.revive(connection.channel())

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from amqp.exceptions import NotFound
+from kombu import Queue
 from kombu.exceptions import OperationalError
 
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import Binding, Topology
-from amqp_events.transport import streams
+from amqp_events.transport import inspection, streams
 from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReading
 from amqp_events.transport.batches import ConfirmedBatchPublisher
 from amqp_events.transport.browse import browsing
@@ -113,6 +115,26 @@ class RabbitMQ:
 
     def close(self) -> None:
         self.publisher.close()
+
+    # -- what the operator's tools read (:mod:`amqp_events.transport.inspection`) ------------------------------
+
+    @property
+    def vhost(self) -> str:
+        return str(self.app.connection_for_write().virtual_host or "/")
+
+    def listen(
+        self,
+        queue: Queue,
+        on_message: Callable[[Any, Mapping[str, Any]], None],
+        seconds: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Consume ``queue`` for ``seconds`` (or until ``stop``), each JSON message to ``on_message``."""
+        inspection.listen(self.app.connection_for_write, queue, on_message, seconds, stop)
+
+    def queue_states(self, queues: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """``(ready messages, consumers)`` of each of ``queues`` that exists."""
+        return inspection.queue_states(self.app.connection_for_write, queues)
 
 
 @contextmanager

@@ -46,7 +46,7 @@ from amqp_events.wire.message import (
     isoformat,
     parse_time,
 )
-from amqp_events.wire.parking import PARKS_KEY
+from amqp_events.wire.parked import PARKS_KEY
 
 MAX_EXCEPTION_MESSAGE = 1000
 MAX_TRACEBACK = 4096

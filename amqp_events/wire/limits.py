@@ -1,5 +1,5 @@
 """What a message must be before a worker acts on it: its headers' shape, and bounds where AMQP, Celery or the
-broker has a limit. Checked once, where a message enters (:mod:`amqp_events.celery.received`).
+broker has a limit. Checked once, where a message enters (:func:`amqp_events.core.router.route`).
 
 A message outside these bounds is archived with reason ``malformed_headers`` or ``too_large``, never run: Celery
 would crash on a header of the wrong type (an ``id`` that is a dict, a ``task`` that is a list), py-amqp cannot
@@ -20,7 +20,10 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from amqp_events.errors import TooLarge
+from kombu.exceptions import ContentDisallowed
+
+from amqp_events.errors import Refused, TooLarge
+from amqp_events.wire.message import Reason
 
 #: Nesting of a header value (a table in a table...): the library's own go 3 deep (``x-death``).
 MAX_HEADER_DEPTH = 16
@@ -230,6 +233,17 @@ def cut_body(body: bytes, limit: int) -> tuple[bytes, str] | None:
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def decoding_reason(exc: Exception) -> Reason:
+    """Why a body that cannot be decoded is archived."""
+    if isinstance(exc, ContentDisallowed):
+        return Reason.FORBIDDEN_CONTENT_TYPE
+    if isinstance(exc, TooLarge):
+        return Reason.TOO_LARGE
+    if isinstance(exc, Refused):
+        return Reason(exc.reason)
+    return Reason.UNDECODABLE
 
 
 # -- bounded decompression -----------------------------------------------------------------------------------

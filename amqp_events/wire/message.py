@@ -33,7 +33,7 @@ from kombu.utils.json import dumps as json_dumps
 
 from amqp_events.topology import delays
 from amqp_events.topology.names import EVENT_KEY_HEADER, EVENT_SLOT_HEADER
-from amqp_events.wire.parking import PARKING_HEADERS
+from amqp_events.wire.parked import PARKING_HEADERS
 
 FIRED_AT = "fired_at"
 FIRED_BY = "fired_by"
@@ -277,7 +277,7 @@ def was_rejected(headers: Mapping[str, Any], queue: str) -> bool:
     )
 
 
-def earlier_deliveries(headers: Mapping[str, Any]) -> int:
+def delivery_count(headers: Mapping[str, Any]) -> int:
     """How many times the broker delivered this message before without an ack or a reject."""
     try:
         return int(headers.get(X_DELIVERY_COUNT) or 0)

@@ -36,7 +36,7 @@ from amqp_events.wire.message import (
     REPLAY_TRACEPARENT,
     SECTION_RETRIES,
 )
-from amqp_events.wire.parking import HISTORY_REPLAY, PARKING_HEADERS
+from amqp_events.wire.parked import HISTORY_REPLAY, PARKING_HEADERS
 
 #: Headers only the service's own copies carry: what they say steers which handler runs, how often, and the
 #: ordered handlers' partitions. A sender's message loses them.

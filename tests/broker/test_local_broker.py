@@ -6,6 +6,7 @@ import re
 import socket
 
 import pytest
+from helpers import skip_outside_ci
 
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.processes import ephemeral_range, free_ports
@@ -57,7 +58,7 @@ def test_a_node_of_the_other_rabbitmq_line_starts_from_its_root_and_stops_withou
 
     roots = [installation for installation in installed() if not installation.on_the_machine]
     if not roots:
-        pytest.skip("no other RabbitMQ line installed beside the machine's (`amqp-events broker install 4.0`)")
+        skip_outside_ci("no other RabbitMQ line installed beside the machine's (`amqp-events broker install 4.0`)")
     node = LocalBroker(tmp_path / "node", rabbitmq=roots[0])
     node.start()
     try:

@@ -20,8 +20,8 @@ from kombu.message import Message
 from amqp_events import Reason, events_app
 from amqp_events.asyncapi.document import document
 from amqp_events.asyncapi.schemas import payload_schema
-from amqp_events.celery.received import read_in_place
 from amqp_events.core.arguments import by_name
+from amqp_events.core.router import read_in_place
 from amqp_events.errors import Refused as Unreadable
 from amqp_events.middleware.cloud_events import CloudEventsReader
 from amqp_events.wire.cloud_events import CLOUDEVENT, attributes_of, is_cloud_event, read

@@ -10,7 +10,7 @@ from kombu.message import Message
 
 from amqp_events import events_app
 from amqp_events.asyncapi.document import document
-from amqp_events.celery.received import read_in_place
+from amqp_events.core.router import read_in_place
 from amqp_events.middleware.cloud_events import CloudEventsReader
 from amqp_events.wire.message import EVENT_KEY, EventMetadata, event_key, json_body
 

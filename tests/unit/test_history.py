@@ -14,7 +14,7 @@ from amqp_events.topology import service_topology
 from amqp_events.topology.history import max_age_seconds
 from amqp_events.transport.base import StoredMessage
 from amqp_events.wire.message import JSON, event_envelope, json_body
-from amqp_events.wire.parking import HISTORY_REPLAY, HOLD_LIVE, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
+from amqp_events.wire.parked import HISTORY_REPLAY, HOLD_LIVE, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
 

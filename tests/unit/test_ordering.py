@@ -20,7 +20,7 @@ from amqp_events.topology import partition_queue_name
 from amqp_events.topology.layout import Binding
 from amqp_events.topology.names import is_ordered_exchange, queue_kind, slot_of
 from amqp_events.wire.message import copy_headers
-from amqp_events.wire.parking import PARKS_KEY, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
+from amqp_events.wire.parked import PARKS_KEY, RELEASE_PARKED, RELEASED_BEHIND, RELEASED_LAST
 
 
 def test_a_key_s_items_run_one_at_a_time_in_order_and_other_keys_alongside():

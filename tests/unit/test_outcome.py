@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from amqp_events import PermanentFailure, Reason, Rejected, WorkerLost
+from amqp_events import PermanentFailure, Reason
 from amqp_events.core.outcome import (
     Ack,
     CannotRun,
@@ -22,6 +22,7 @@ from amqp_events.core.outcome import (
 )
 from amqp_events.core.outcome import SendToArchive as Archive
 from amqp_events.core.policy import RetryPolicy
+from amqp_events.errors import Rejected, WorkerLost
 from amqp_events.topology import delays
 from amqp_events.wire.message import ARCHIVE_HEADERS, DUE_AT, EMPTY_EMBED, FIRST_FAILURE_AT, LOST_RUNS, isoformat
 

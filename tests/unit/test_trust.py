@@ -1,5 +1,5 @@
 """What a receiver believes of a message (wire.trust), which service owns an event (topology.ownership), and which
-handler runs it (core.routing): decided by the receiver and what the broker verified, never by what a sender
+handler runs it (core.addressing): decided by the receiver and what the broker verified, never by what a sender
 wrote (no broker)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amqp_events import Reason, events_app
-from amqp_events.core.routing import Unroutable, route, runnable
+from amqp_events.core.addressing import Unroutable, runnable
+from amqp_events.core.addressing import address as route
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.ownership import owned_regex, owner_of_event, topic_matches, topic_regex

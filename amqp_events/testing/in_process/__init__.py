@@ -46,8 +46,8 @@ from amqp_events.errors import NotModelled, Refused, UnhandledEvent
 from amqp_events.metrics import AVAILABLE as METRICS
 from amqp_events.middleware.metrics import HandlerMetrics
 from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock, Waiting
-from amqp_events.testing.in_process.timers import VirtualTimers
 from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
+from amqp_events.testing.in_process.virtual_timers import VirtualTimers
 from amqp_events.topology import delays
 from amqp_events.topology.names import is_direct_exchange, to_queue
 from amqp_events.transport.memory import Envelope, MemoryBroker

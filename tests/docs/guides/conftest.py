@@ -23,17 +23,18 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import pytest
 from docs_pages import EXAMPLE_BROKER, ROOT, code_blocks, page
+from helpers import skip_outside_ci
 from kombu import Connection
 
 from amqp_events import EventsApp, events_app
 from amqp_events.errors import LocalServerError
+from amqp_events.local.postgres import LocalPostgres
+from amqp_events.local.redis import LocalRedis
 from amqp_events.testing import wait_for
-from amqp_events.testing.postgres import LocalPostgres
-from amqp_events.testing.redis import LocalRedis
 from amqp_events.testing.workers import WorkerProcess
 from amqp_events.transport.management import ManagementAPI
 
@@ -58,11 +59,7 @@ def installs_named(text: str) -> tuple[list[str], list[str]]:
     return sorted(extras), sorted(packages)
 
 
-def refused(reason: str) -> NoReturn:
-    """Skip, saying why, on a developer's machine; fail in CI, where the tier must run."""
-    if os.environ.get("CI"):
-        pytest.fail(reason)
-    pytest.skip(reason)
+refused = skip_outside_ci
 
 
 def port_taken(port: int) -> bool:

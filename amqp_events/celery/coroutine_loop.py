@@ -1,7 +1,7 @@
 """Coroutine handlers in a solo or threads worker: the worker's event loop, fed by the consumer, its acks sent
 back to the consumer's thread.
 
-The consumer's strategy (:mod:`amqp_events.celery.strategy`) hands each message of a coroutine handler to
+The dispatcher (:mod:`amqp_events.celery.dispatch`) hands each message of a coroutine handler to
 :meth:`CoroutineRunner.submit`; its pipeline runs on the worker's loop (:class:`~amqp_events.coroutines.
 WorkerLoop`), ``amqp_events_async_concurrency`` at a time. Acks and rejects must be sent from the consumer's
 thread (a channel is not thread-safe): they queue here and the consumer's event loop, woken, sends them. The
@@ -14,12 +14,12 @@ child runs its coroutines one at a time to completion; gevent (and eventlet) wor
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from amqp_events.core.delivery import Settler
 from amqp_events.coroutines import Mailbox, WorkerLoop
 
 logger = logging.getLogger(__name__)
@@ -42,16 +42,11 @@ class CoroutineRunner:
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         self.worker_loop.start()
 
-    def submit(self, run: Callable[..., None], args: tuple[Any, Any, Any]) -> None:
-        """Run ``run(message, ack, reject)`` on the loop (the threads pool's ``apply_async`` signature)."""
-        message, ack, reject = args
-        self.worker_loop.spawn(run, (message, self._from_consumer(ack), self._from_consumer(reject)))
-
-    def _from_consumer(self, callback: Callable[..., Any]) -> Callable[..., None]:
-        def queued(*args: Any) -> None:
-            self._settled.put(functools.partial(callback, *args))
-
-        return queued
+    def submit(self, run: Callable[..., None], args: tuple[Any, Any, Settler]) -> None:
+        """Run ``run(task, message, settler)`` on the loop, its answers given in the consumer's thread (the
+        threads pool's ``apply_async`` signature)."""
+        task, message, settler = args
+        self.worker_loop.spawn(run, (task, message, Posted(settler, self._settled.put)))
 
     def stop(self) -> None:
         given_back = self.worker_loop.stop(self.shutdown_timeout)
@@ -67,6 +62,24 @@ class CoroutineRunner:
 
 def _call(settle: Callable[[], Any]) -> None:
     settle()
+
+
+class Posted:
+    """A settler whose answers are posted, to be given by ``settler`` in the consumer's thread."""
+
+    __slots__ = ("post", "settler")
+
+    def __init__(self, settler: Settler, post: Callable[[Callable[[], Any]], None]) -> None:
+        self.settler, self.post = settler, post
+
+    def ack(self) -> None:
+        self.post(self.settler.ack)
+
+    def requeue(self) -> None:
+        self.post(self.settler.requeue)
+
+    def reject(self) -> None:
+        self.post(self.settler.reject)
 
 
 def runs_on_its_loop(pool: Any) -> bool:

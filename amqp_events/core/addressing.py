@@ -1,7 +1,8 @@
-"""Which handler of a service runs a message: decided by the receiver, from what the broker verified.
+"""Which handler of a service runs a message: decided by the receiver, from what the broker verified (a step of
+:func:`amqp_events.core.router.route`).
 
 A worker knows the queue a message arrived on (the broker delivered it from there) and how it was routed (the
-exchange, and the routing key a topic permission lets its user publish with). :func:`route` chooses by those:
+exchange, and the routing key a topic permission lets its user publish with). :func:`address` chooses by those:
 a handler that takes its events from that queue, of the event the message fires. What the message says itself
 is believed only where the service sent it (:mod:`amqp_events.wire.trust`): the handler a copy names
 (``for_handler``), the queue it was sent to by name. A sender's ``task`` header cannot pick another handler,
@@ -36,12 +37,12 @@ class Unroutable:
 
 
 #: One handler (its ``task`` header now names it), several (a copy goes to each), or none.
-Routed = Handler | tuple[Handler, ...] | Unroutable
+Addressed = Handler | tuple[Handler, ...] | Unroutable
 
 
-def route(
+def address(
     context: ServiceContext, headers: dict[str, Any], arrived_on: str, exchange: str, routing_key: str, own: bool
-) -> Routed:
+) -> Addressed:
     """The handler(s) of ``context``'s service that a message with ``headers``, taken from the queue
     ``arrived_on`` after it was published to ``exchange`` with ``routing_key``, is for. ``own``: the service
     sent it itself (a retry, a replay). The ``task`` header is set to the handler's task name when there is one.
