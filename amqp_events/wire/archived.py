@@ -19,7 +19,7 @@ from typing import Any
 from kombu.utils.json import loads as json_loads
 
 from amqp_events.clock import SYSTEM_CLOCK
-from amqp_events.topology.names import archive_queue_name, event_queue_name, owner_of, to_queue
+from amqp_events.topology.names import archive_queue_name, event_of, event_queue_name, owner_of, to_queue
 from amqp_events.wire import cloud_events
 from amqp_events.wire.message import (
     ARCHIVE_ATTEMPTS,
@@ -189,7 +189,7 @@ class ArchivedMessage:
         read = {**_dead_lettered(headers), **headers}
         service = str(read.get(ARCHIVE_SERVICE) or "")
         cloud_event = cloud_events.attributes_of(headers, body, content_type)
-        event = str(headers.get("task") or cloud_event.get("type") or "")
+        event = event_of(str(headers.get("task") or cloud_event.get("type") or ""))  # a named handler's task: its event
         return cls(
             id=str(headers.get("id") or cloud_event.get("id") or ""),
             event=event,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from kombu import Connection
 
@@ -39,8 +41,9 @@ def test_a_queue_with_other_arguments_stops_the_worker_with_a_clear_message(work
     assert process.wait(60) is not None, "the worker kept running"
     assert process.process.returncode != 0
     log = process.log()
-    assert "queue 'orders:test.ping'" in log and "already exists with x-" in log
-    assert "=(not set), but this service declares x-" in log  # the argument, both values
+    # The argument and both values (which differing argument the broker names first depends on its version).
+    assert "queue 'orders:test.ping'" in log
+    assert re.search(r"already exists with (x-[\w-]+)=.+?, but this service declares \1=", log), log
     assert "rabbitmqctl delete_queue 'orders:test.ping'" in log  # how to fix it
     assert " ready." not in log
 

@@ -66,3 +66,9 @@ def test_selection_matches_every_given_criterion():
     assert Selection.of(event="a.b", reason="max_retries").matches(entry)
     assert not Selection.of(ids=["other"]).matches(entry)
     assert not Selection.of(reason="worker_lost").matches(entry)
+
+
+def test_a_named_handler_s_entry_is_listed_under_its_event():
+    entry = archived(b"[[1], {}, {}]", task="user.created:welcome_email")
+    assert (entry.event, entry.summary()["event"]) == ("user.created", "user.created")
+    assert Selection.of(event="user.created").matches(entry)
