@@ -19,6 +19,8 @@ VARIABLES: dict[str, str] = {
     "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": "the setting amqp_events_archive_ttl_ms",
     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": "the setting amqp_events_archive_max_length",
     "AMQP_EVENTS_METRICS_PORT": "the setting amqp_events_metrics_port",
+    "AMQP_EVENTS_HEALTH_PORT": "the setting amqp_events_health_port (the worker's /livez and /readyz)",
+    "AMQP_EVENTS_HEALTH_HOST": "the setting amqp_events_health_host (0.0.0.0 where a probe comes from outside)",
     "AMQP_EVENTS_SHARED_TOPOLOGY": "the setting amqp_events_shared_topology (set by an administrator where the "
     "shared topology is declared for the services)",
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": "the setting amqp_events_quorum_queue_warning (where `topology check` and "

@@ -47,6 +47,8 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL": ("amqp_events_archive_ttl_ms", "int"),
     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH": ("amqp_events_archive_max_length", "int"),
     "AMQP_EVENTS_METRICS_PORT": ("amqp_events_metrics_port", "int"),
+    "AMQP_EVENTS_HEALTH_PORT": ("amqp_events_health_port", "int"),
+    "AMQP_EVENTS_HEALTH_HOST": ("amqp_events_health_host", "str"),
     "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": ("amqp_events_quorum_queue_warning", "int"),
     "AMQP_EVENTS_QUEUE_LAYOUT": (QUEUE_LAYOUT, "str"),
@@ -110,6 +112,12 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     #: Distinct exception class names per handler in metric labels; the rest are counted as "other".
     metrics_exception_labels: int = 10
+    #: Port of the worker's health probes (``/livez``, ``/readyz``: docs/guides/production.md); 0 serves none.
+    health_port: int = 0
+    health_host: str = "127.0.0.1"
+    #: Seconds the worker's event loop may not turn before ``/livez`` fails (a solo worker's loop runs its
+    #: handlers: allow the longest).
+    health_stall: float = 60.0
     #: Seconds between a worker's heartbeats (read by ``amqp-events exporter``).
     heartbeat_interval: float = 5.0
     #: The database of the transactional outbox (a SQLAlchemy URL). Empty: for the in-process relay, the
@@ -220,6 +228,8 @@ class Settings:
             problems.append("archive limits must be >= 0 (0 means unbounded)")
         if self.publish_timeout <= 0:
             problems.append("publish_timeout must be > 0")
+        if self.health_stall <= 0:
+            problems.append("health_stall must be > 0")
         if self.heartbeat_interval <= 0:
             problems.append("heartbeat_interval must be > 0")
         if self.outbox_batch < 1 or self.outbox_max_attempts < 1:

@@ -14,9 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.redis import LocalRedis
+
+from amqp_events.local.cluster import LocalCluster
 from bench import (
     cloud_events,
     console,

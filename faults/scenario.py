@@ -35,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from amqp_events.testing.postgres import LocalPostgres
 from sqlalchemy import Engine, create_engine
 
 from amqp_events import PublishError, events_app
@@ -42,7 +43,6 @@ from amqp_events.inbox.sql import InboxTable
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing import wait_for
-from amqp_events.testing.postgres import LocalPostgres
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 from faults import effects, probes
 from faults.audit import audit, count_effects

@@ -112,6 +112,15 @@ class WorkerBreakers:
             with self.outcomes.get_lock():
                 self.outcomes[2 * slot + failed] += 1
 
+    def paused_queues(self) -> set[str]:
+        """The queues this worker does not consume now: those of handlers (with a queue of their own) whose
+        breaker is not closed."""
+        return {
+            self.handlers[task].queue
+            for task, breaker in self.breakers.items()
+            if breaker.state != State.CLOSED and task not in self.sharing
+        }
+
     def states(self) -> dict[str, str]:
         """Each handler's breaker state, by handler name (for heartbeats)."""
         return {self.handlers[task].name: str(breaker.state) for task, breaker in self.breakers.items()}

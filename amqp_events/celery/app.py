@@ -21,6 +21,7 @@ from amqp_events.breakers.health import Health, HealthCheck
 from amqp_events.celery import control
 from amqp_events.celery.conf import EventsCelery, check_broker_url
 from amqp_events.celery.handlers import EventDecorator, HandlerDecorator
+from amqp_events.celery.health import HealthProbes
 from amqp_events.celery.partitions import Partitions
 from amqp_events.celery.producing import Producing
 from amqp_events.celery.signals import SettledSignal
@@ -317,6 +318,7 @@ def events_app(service: str, **celery_settings: Any) -> EventsApp:
     app.steps["consumer"].add(Heartbeat)
     app.steps["consumer"].add(InboxPruning)
     app.steps["consumer"].add(Partitions)
+    app.steps["consumer"].add(HealthProbes)
     control.register()
     if celery_settings:
         app.conf.update(celery_settings)

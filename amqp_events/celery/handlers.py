@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any, ParamSpec, Protocol, TypeVar, cast, overload
 
@@ -125,9 +126,22 @@ class HandlerDecorator:
             app.register_task(type(target.__name__, cast(tuple[type, ...], bases), namespace))
         else:
             # Not shared: Celery would add a shared task to every app of the process (several services).
-            app.task(name=self.task_name, base=EventHandler, bind=self.bind, shared=False, **attributes)(function)
+            task = app.task(name=self.task_name, base=EventHandler, bind=self.bind, shared=False, **attributes)
+            task(with_a_name(function))
         app.add_handler(handler)
         return target
+
+
+def with_a_name(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, with a name Celery can compile its argument check from (``def <lambda>(...)`` would not be
+    Python): a lambda's copy named ``handler``."""
+    if getattr(function, "__name__", "") != "<lambda>":
+        return function
+    copy = types.FunctionType(
+        function.__code__, function.__globals__, "handler", function.__defaults__, function.__closure__
+    )
+    copy.__kwdefaults__, copy.__module__ = function.__kwdefaults__, function.__module__
+    return copy
 
 
 def check_task_options(options: dict[str, Any], described: str) -> None:

@@ -27,7 +27,7 @@ def asyncapi(context: Context, output_format: str, api_version: str, output: Any
         import yaml
     except ImportError:
         raise click.ClickException(
-            "YAML needs PyYAML: install celery-amqp-events[asyncapi], or pass --format json"
+            "YAML needs PyYAML: install 'celery-amqp-events[asyncapi]>=0.3', or pass --format json"
         ) from None
 
     class Dumper(yaml.SafeDumper):  # type: ignore[misc]

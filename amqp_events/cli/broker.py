@@ -1,5 +1,5 @@
-"""``amqp-events broker start|stop|status|kill|restart|partition|heal|install``: a private development RabbitMQ
-node, or a cluster, of the machine's RabbitMQ or of another line installed beside it."""
+"""``amqp-events broker start|stop|status|ctl|kill|restart|partition|heal|install``: a private development
+RabbitMQ node, or a cluster, of the machine's RabbitMQ or of another line installed beside it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from click.core import ParameterSource
 
 from amqp_events.cli.context import expecting
 from amqp_events.errors import LocalServerError
-from amqp_events.local import AMQP_PORT, DEFAULT_DIRECTORY, nodes_of, registry, running_elsewhere, started_in
+from amqp_events.local import (
+    AMQP_PORT,
+    DEFAULT_DIRECTORY,
+    node_for,
+    nodes_of,
+    registry,
+    running_elsewhere,
+    started_in,
+)
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.local.installation import DEBIAN_RELEASES, find, install, installed
@@ -128,6 +136,21 @@ def broker_status(context: click.Context, directory: Path) -> None:
         describe(found)
     if not elsewhere:
         raise SystemExit(3)
+
+
+@broker.command("ctl", context_settings={"ignore_unknown_options": True})
+@directory_option
+@click.option("--port", type=int, default=AMQP_PORT, show_default=True, help="The AMQP port of the node.")
+@click.argument("arguments", nargs=-1, type=click.UNPROCESSED, required=True)
+@expecting(LocalServerError)
+def broker_ctl(directory: Path, port: int, arguments: tuple[str, ...]) -> None:
+    """Run ``rabbitmqctl ARGUMENTS`` against the local node serving ``--port`` (started in ``--dir``, or by
+    ``broker start`` anywhere), with its own Erlang cookie, home and ports:
+    ``amqp-events broker ctl list_users``."""
+    node = node_for(port, directory)
+    if node is None:
+        raise LocalServerError(f"no node started by `amqp-events broker start` serves port {port}")
+    click.echo(node.rabbitmqctl(*arguments), nl=False)
 
 
 @broker.command("kill")

@@ -65,7 +65,7 @@ def console(
         from amqp_events.console.fleet import Fleet
         from amqp_events.console.web import console_app
     except ImportError as exc:
-        extra = "pip install 'celery-amqp-events[console]'"
+        extra = "pip install 'celery-amqp-events[console]>=0.3'"
         raise click.ClickException(f"the console needs its extra: {extra} ({exc})") from None
     host, _, port = bind.rpartition(":")
     if not host or not port.isdigit():

@@ -30,7 +30,9 @@ def exporter(
 ) -> None:
     """Serve the service's queue depths, consumers and workers online as Prometheus metrics."""
     if not AVAILABLE:
-        raise click.ClickException("the exporter needs prometheus-client: pip install 'celery-amqp-events[metrics]'")
+        raise click.ClickException(
+            "the exporter needs prometheus-client: pip install 'celery-amqp-events[metrics]>=0.3'"
+        )
     from amqp_events.exporter import Exporter
 
     management = None if no_management else context.management

@@ -45,7 +45,7 @@ def database_errors(command: F) -> F:
             from sqlalchemy.exc import SQLAlchemyError
         except ImportError:
             raise click.ClickException(
-                "the outbox and the SQL inbox need SQLAlchemy: pip install 'celery-amqp-events[sqlalchemy]'"
+                "the outbox and the SQL inbox need SQLAlchemy: pip install 'celery-amqp-events[sqlalchemy]>=0.3'"
             ) from None
 
         try:
@@ -55,7 +55,7 @@ def database_errors(command: F) -> F:
         except ModuleNotFoundError as exc:  # the URL's database driver (SQLAlchemy imports it on first use)
             raise click.ClickException(
                 f"{exc}: the database URL's driver is not installed "
-                "(PostgreSQL: pip install 'celery-amqp-events[postgres]')"
+                "(PostgreSQL: pip install 'celery-amqp-events[postgres]>=0.3')"
             ) from None
 
     return one_line_errors(wrapper)  # type: ignore[return-value]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -162,9 +163,21 @@ def topology_check(context: Context) -> None:
 
 @topology.command("permissions")
 @click.option("--user", help="The RabbitMQ user of the service (default: the service's name).")
+@click.option(
+    "--apply",
+    is_flag=True,
+    help="Give the user these permissions through the management API (as its administrator: --management-url or "
+    "AMQP_EVENTS_MANAGEMENT_USER/PASSWORD), creating the user if it does not exist.",
+)
+@click.option(
+    "--password-env",
+    metavar="VARIABLE",
+    help="With --apply: the environment variable that holds the password of a user to create.",
+)
 @pass_context
-def topology_permissions(context: Context, user: str | None) -> None:
-    """Print the RabbitMQ permissions the service's user needs, as rabbitmqctl commands.
+@one_line_errors
+def topology_permissions(context: Context, user: str | None, apply: bool, password_env: str | None) -> None:
+    """Print the RabbitMQ permissions the service's user needs, as rabbitmqctl commands (or give them: --apply).
 
     They grant the service its own queues and exchanges, and writing to (or binding from) what every service
     shares, never configuring it: declare that as an administrator (`topology declare`) and set
@@ -172,6 +185,12 @@ def topology_permissions(context: Context, user: str | None) -> None:
     """
     app = context.app
     grants = service_grants(app.service, app.events_settings)
+    if apply:
+        name = user or app.service
+        password = os.environ.get(password_env) if password_env else None
+        created = context.management.grant(context.vhost, name, grants, password)
+        click.echo(f"{'created' if created else 'updated'} user {name!r}: its permissions on vhost {context.vhost!r}")
+        return
     click.echo(
         f"# service {app.service!r} on vhost {context.vhost!r}; the shared topology declared by an administrator "
         "(`amqp-events -A <app> topology declare`), the app set with amqp_events_shared_topology = 'check'"

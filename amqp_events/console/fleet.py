@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from amqp_events.archive import Archive, Selection
 from amqp_events.celery import control
-from amqp_events.celery.heartbeats import Beats, listen
+from amqp_events.celery.heartbeats import OnlineWorkers, follow
 from amqp_events.console.audit import AuditTrail
 from amqp_events.console.discovery import ServiceQueues, services_in
 from amqp_events.console.index import ArchiveIndex, Snapshot
@@ -53,18 +53,18 @@ class Fleet:
         self.audit = audit or AuditTrail()
         self.index = ArchiveIndex(app.context.transport)
         self.watch = Watch(management, vhost, self.index, app.context, refresh)
-        #: The latest heartbeat of each online worker, by (service, worker), once :meth:`listen` runs.
-        self.beats: Beats = {}
+        #: The latest heartbeat of each online worker, by (service, worker), beat by beat once :meth:`listen` runs.
+        self.online = OnlineWorkers(app.context.identity, app.events_settings.heartbeat_interval)
         self._stop = threading.Event()
 
     def listen(self) -> None:
-        """Keep :attr:`beats` and the reading of the vhost up to date in the background."""
+        """Keep :attr:`online` and the reading of the vhost up to date in the background."""
         self.watch.start()
 
         def forever() -> None:
             while not self._stop.is_set():
                 try:
-                    self.beats = listen(self.app, self.app.events_settings.heartbeat_interval * 2, "console")
+                    follow(self.app, self.online, "console", self._stop)
                 except Exception as exc:  # the broker went away: try again a moment later
                     logger.warning("console: listening to heartbeats: %s", exc)
                     self._stop.wait(2)
@@ -102,7 +102,7 @@ class Fleet:
 
     def workers(self, service: str) -> dict[str, dict[str, Any]]:
         """The online workers of ``service`` heard lately, by name: their breakers' and health checks' states."""
-        return {worker: beat for (of, worker), beat in sorted(self.beats.items()) if of == service}
+        return {worker: beat for (of, worker), beat in sorted(self.online.current().items()) if of == service}
 
     def services(self, samples_for: int = 0) -> list[ServiceQueues]:
         """The services on the vhost, their archives counted exactly (the management API's figures are up to

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from amqp_events.core.context import ServiceContext
@@ -21,6 +21,7 @@ from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology.moving import Move, Target, move_to
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, StoredMessage, copy_headers, event_id, event_name
+from amqp_events.wire.trust import Identity, vouch
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def move_layout(context: ServiceContext, rabbitmq: Any) -> Moved:
             report.deleted.append(old.name)
         else:
             report.kept[old.name] = why
-        logger.warning(
+        logger.info(  # the command line says it too
             "service %s moved to the %s layout: %d message(s) of %s moved, %s",
             context.name, move.layout, report.moved[old.name], old.name, why or "the queue deleted",
         )  # fmt: skip
@@ -76,7 +77,7 @@ def _move_messages(context: ServiceContext, move: Move, queue: str) -> int:
         try:
             for stored, remove in messages:
                 for copy in copies_of(
-                    stored, move.destinations(queue, stored.headers, event_name(stored.headers)), move
+                    stored, move.destinations(queue, stored.headers, event_name(stored.headers)), move, context.identity
                 ):
                     publisher.publish(copy)
                 waiting.append(remove)
@@ -88,9 +89,16 @@ def _move_messages(context: ServiceContext, move: Move, queue: str) -> int:
     return moved
 
 
-def copies_of(stored: StoredMessage, targets: list[Target], move: Move) -> list[OutgoingMessage]:
+def copies_of(
+    stored: StoredMessage, targets: list[Target], move: Move, identity: Identity | None = None
+) -> list[OutgoingMessage]:
     """A copy of ``stored`` for each of ``targets``, naming it; one as it is for the worker to archive (with the
-    reason why) when no handler of the service takes it."""
+    reason why) when no handler of the service takes it. ``identity``: the service's, which keeps only what it may
+    believe of a message another user sent (:mod:`amqp_events.wire.trust`): the copies are its own."""
+    if identity is not None:
+        believed = dict(stored.headers)
+        vouch(identity, stored.user_id, believed)
+        stored = replace(stored, headers=believed)
     retries = stored.headers.get("retries")
     count = retries if isinstance(retries, int) and retries >= 0 else 0
     if not targets:

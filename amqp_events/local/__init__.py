@@ -24,14 +24,18 @@ def started_in(directory: Path) -> LocalBroker | LocalCluster:
 
 
 def management_url_for(amqp_url: str, directory: Path = DEFAULT_DIRECTORY) -> str | None:
-    """The management API of the local node that serves ``amqp_url``, if one does: the one started in
-    ``directory``, else one ``amqp-events broker start`` started anywhere (:mod:`~amqp_events.local.registry`)."""
-    port = urllib.parse.urlsplit(amqp_url.split(";")[0]).port or AMQP_PORT
-    elsewhere = registry.noted().get(port)
-    for place in (directory, elsewhere):
+    """The management API of the local node that serves ``amqp_url``, if one does (see :func:`node_for`)."""
+    node = node_for(urllib.parse.urlsplit(amqp_url.split(";")[0]).port or AMQP_PORT, directory)
+    return node.management_url if node is not None else None
+
+
+def node_for(port: int = AMQP_PORT, directory: Path = DEFAULT_DIRECTORY) -> LocalBroker | None:
+    """The local node that serves AMQP on ``port``, if one does: the one started in ``directory``, else one
+    ``amqp-events broker start`` started anywhere (:mod:`~amqp_events.local.registry`)."""
+    for place in (directory, registry.noted().get(port)):
         node = _node_serving(place, port) if place is not None and place.exists() else None
         if node is not None:
-            return node.management_url
+            return node
     return None
 
 

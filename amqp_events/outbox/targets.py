@@ -45,7 +45,7 @@ def target_of(handle: Any, tables: OutboxTables) -> Target:
         return DjangoTarget(handle, tables)
     raise TypeError(
         f"app.outbox() takes a SQLAlchemy Session or Connection, or a Django database connection, "
-        f"not {type(handle).__qualname__} (pip install 'celery-amqp-events[sqlalchemy]' or '[django]')"
+        f"not {type(handle).__qualname__} (pip install 'celery-amqp-events[sqlalchemy]>=0.3' or '[django]')"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.parse
@@ -12,6 +13,7 @@ from typing import Any
 from amqp_events.environment import variable
 from amqp_events.errors import ManagementError
 from amqp_events.topology.check import LiveTopology
+from amqp_events.topology.permissions import Grants
 
 
 class ManagementAPI:
@@ -70,6 +72,25 @@ class ManagementAPI:
             f"/api/permissions/{quoted}/{_quote(user)}",
             {"configure": ".*", "write": ".*", "read": ".*"},
         )
+
+    def grant(self, vhost: str, user: str, grants: Grants, password: str | None = None) -> bool:
+        """Give ``user`` exactly ``grants`` on ``vhost`` (its permissions, then each topic permission, replacing
+        what it had there), creating the user first (no tags) when it does not exist, with ``password``.
+        Returns whether it created the user."""
+        created = False
+        if not any(found.get("name") == user for found in self.request("GET", "/api/users")):
+            if not password:
+                raise ManagementError(f"user {user!r} does not exist: give its password to create it")
+            self.request("PUT", f"/api/users/{_quote(user)}", {"password": password, "tags": ""})
+            created = True
+        where = f"{_quote(vhost)}/{_quote(user)}"
+        permissions = {"configure": grants.configure, "write": grants.write, "read": grants.read}
+        self.request("PUT", f"/api/permissions/{where}", permissions)
+        with contextlib.suppress(ManagementError):  # none yet: nothing to replace
+            self.request("DELETE", f"/api/topic-permissions/{where}")
+        for exchange, write, read in grants.topics:
+            self.request("PUT", f"/api/topic-permissions/{where}", {"exchange": exchange, "write": write, "read": read})
+        return created
 
     def delete_vhost(self, vhost: str) -> None:
         self.request("DELETE", f"/api/vhosts/{_quote(vhost)}")

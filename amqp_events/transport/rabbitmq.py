@@ -54,7 +54,7 @@ class RabbitMQ:
             from amqp_events.transport.aio import AioPublisher
         except ImportError as exc:
             raise ImportError(
-                f"firing from asyncio needs aio-pika ({exc}): pip install 'celery-amqp-events[asyncio]'"
+                f"firing from asyncio needs aio-pika ({exc}): pip install 'celery-amqp-events[asyncio]>=0.3'"
             ) from exc
         return AioPublisher(self.app, self.timeout)
 

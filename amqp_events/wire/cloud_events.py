@@ -69,7 +69,7 @@ WIRE_FORMATS = ("celery", "cloudevents")
 #: ``application/vnd.x+json``, with parameters).
 _JSON_MEDIA_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9\-\.]+\+)?json(;.*)?$")
 _MAX_ID = 64
-_EXTRAS = "install celery-amqp-events[cloudevents] to read CloudEvents"
+_EXTRAS = "install 'celery-amqp-events[cloudevents]>=0.3' to read CloudEvents"
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def binary_headers(name: str, event_id: str, source: str, time: datetime, key: s
     try:
         sdk = _sdk()
     except ImportError:
-        raise ImportError("install celery-amqp-events[cloudevents] to fire CloudEvents") from None
+        raise ImportError("install 'celery-amqp-events[cloudevents]>=0.3' to fire CloudEvents") from None
     attributes: dict[str, Any] = {
         "specversion": SPECVERSION,
         "id": event_id,

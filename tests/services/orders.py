@@ -19,6 +19,7 @@ app = events_app(
     amqp_events_max_redeliveries=int(os.environ.get("MAX_REDELIVERIES", "10")),
     amqp_events_publish_timeout=float(os.environ.get("PUBLISH_TIMEOUT", "10")),
     amqp_events_history=os.environ.get("HISTORY") == "1",
+    amqp_events_health_stall=float(os.environ.get("HEALTH_STALL", "60")),
     amqp_events_max_body_bytes=int(os.environ.get("MAX_BODY_BYTES", 16 * 1024 * 1024)),
     task_soft_time_limit=float(os.environ["TIME_LIMIT"]) if os.environ.get("TIME_LIMIT") else None,
 )

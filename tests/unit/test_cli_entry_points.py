@@ -18,6 +18,7 @@ ENTRY_POINT = re.compile(r"(cli_process\(|AMQP_EVENTS, |/ \"amqp-events\"\)|run\
 #: that runs the entry point with its arguments (what must be in that test module's source to show it).
 SPELLED_ELSEWHERE = {
     ("outbox", "init"): ("docs/guides/test_pages_with_extras.py", 'line("amqp-events -A shop.celery outbox init")'),
+    ("broker", "ctl"): ("docs/guides/test_core_pages.py", 'line("amqp-events broker ctl list_users")'),
     **{
         ("broker", word): ("cluster/test_cluster.py", f'run("{word}"')
         for word in ("kill", "restart", "partition", "heal")

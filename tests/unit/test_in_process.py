@@ -539,3 +539,11 @@ def test_a_middleware_hook_may_be_a_coroutine_awaited_on_the_loop_of_the_handler
         invoice_paid(1, "1.00")
     assert set(loops) == {"before_handle", "handler", "after_handle"}
     assert len({id(loop) for loop in loops.values()}) == 1
+
+
+def test_a_lambda_is_a_handler_like_any_function(billing, shipping):
+    seen = []
+    shipping.handler("billing.invoice.paid")(lambda invoice_id, amount: seen.append((invoice_id, amount)))
+    with in_process(billing, shipping):
+        billing.fire("billing.invoice.paid", (7, "1.00"))
+    assert seen == [(7, "1.00")]

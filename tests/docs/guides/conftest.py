@@ -44,19 +44,29 @@ DATABASES = ("shop", "payments")
 T = TypeVar("T")
 
 
+#: What getting started installs, and every page takes as read.
+LIBRARY = "celery-amqp-events>=0.3"
+
+
 def installs_named(text: str) -> tuple[list[str], list[str]]:
-    """The library's extras and the other packages a page's ``pip install`` commands name."""
+    """The library as a page's ``pip install`` commands name it (its extras, its version: each page's own line
+    names the version), and the other packages they name."""
     extras: set[str] = set()
     packages: set[str] = set()
+    versions: set[str] = set()
     for command in re.findall(r"pip install ([^`\n]+)", text):
         for word in shlex.split(command.split(")")[0]):
             if word.startswith("-"):
                 continue
-            if "celery-amqp-events" in word:
+            if word.startswith("celery-amqp-events"):
                 extras.update(re.findall(r"\[([\w,-]+)\]", word)[0].split(",") if "[" in word else ())
+                versions.update(re.findall(r"([<>=!~].*)$", word.split("]")[-1]))
             elif re.fullmatch(r"[A-Za-z][\w.-]*", word):
                 packages.add(word)
-    return sorted(extras), sorted(packages)
+    assert len(versions) <= 1, f"a page names the library's version more than one way: {versions}"
+    version = versions.pop() if versions else LIBRARY.removeprefix("celery-amqp-events")
+    library = f"celery-amqp-events{'[' + ','.join(sorted(extras)) + ']' if extras else ''}{version}"
+    return [library], sorted(packages)
 
 
 refused = skip_outside_ci
@@ -68,18 +78,20 @@ def port_taken(port: int) -> bool:
 
 
 class Virtualenvs:
-    """One virtualenv per set of installs, made on first use and kept for the session."""
+    """One virtualenv per set of installs, made on first use and kept for the session: the pages' own install
+    lines, the library taken from the built package in ``dist`` (``--find-links``: where it comes from is all
+    that differs from a reader's install, until it is on the package index)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path, dist: Path) -> None:
+        self.directory, self.dist = directory, dist
 
-    def bin(self, extras: list[str], packages: list[str]) -> Path:
-        place = self.directory / ("-".join([*extras, *packages]) or "plain")
+    def bin(self, library: list[str], packages: list[str]) -> Path:
+        place = self.directory / re.sub(r"[^\w.,-]+", "_", "-".join([*library, *packages]))
         if not (place / "bin" / "amqp-events").exists():
             subprocess.run([sys.executable, "-m", "venv", str(place)], check=True, timeout=120)
-            library = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
             installed = subprocess.run(
-                [place / "bin" / "pip", "install", "-q", "--disable-pip-version-check", "-e", library, *packages],
+                [place / "bin" / "pip", "install", "-q", "--disable-pip-version-check", "--find-links", self.dist,
+                 *library, *packages],
                 capture_output=True, text=True, timeout=900,
             )  # fmt: skip
             assert installed.returncode == 0, installed.stdout + installed.stderr
@@ -102,8 +114,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     if port_taken(5672):
         refused("another program holds localhost:5672, where the guides say the broker is")
     home = tmp_path_factory.mktemp("guides")
-    virtualenvs = Virtualenvs(home / "venvs")
-    amqp_events = virtualenvs.bin([], []) / "amqp-events"
+    virtualenvs = Virtualenvs(home / "venvs", built_package(home / "dist"))
+    amqp_events = virtualenvs.bin([LIBRARY], []) / "amqp-events"
     environment = {**reader_environment(), "XDG_CACHE_HOME": str(home / "cache")}
     started = subprocess.run([amqp_events, "broker", "start"], cwd=home, env=environment, capture_output=True,
                              text=True, timeout=180)  # fmt: skip
@@ -117,6 +129,20 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         for server in (found.postgres, found.redis):
             if server is not None:
                 server.stop()
+
+
+def built_package(directory: Path) -> Path:
+    """Where the package's wheel is: ``$AMQP_EVENTS_DIST`` (what ``scripts/dist`` built and checked: CI), or one
+    built from this checkout into ``directory``."""
+    given = os.environ.get("AMQP_EVENTS_DIST")
+    if given:
+        return Path(given)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(directory), str(ROOT)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    return directory
 
 
 def management_url(said: str) -> str:
@@ -168,8 +194,8 @@ class Guide:
 
     def run(self, command: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A command as the page spells it, from the page's virtualenv, in the page's directory."""
-        argv = self._argv(command)
-        done = subprocess.run(argv, cwd=self.directory, env=self.env, capture_output=True, text=True, timeout=timeout)
+        env, argv = self._argv(command)
+        done = subprocess.run(argv, cwd=self.directory, env=env, capture_output=True, text=True, timeout=timeout)
         assert not check or done.returncode == 0, f"{command}: exit {done.returncode}\n{done.stdout}{done.stderr}"
         return done
 
@@ -179,7 +205,8 @@ class Guide:
 
     def start(self, command: str) -> subprocess.Popen[str]:
         """A long-running command (a relay, an exporter); the test's end stops it."""
-        process = subprocess.Popen(self._argv(command), cwd=self.directory, env=self.env, stderr=subprocess.PIPE,
+        env, argv = self._argv(command)
+        process = subprocess.Popen(argv, cwd=self.directory, env=env, stderr=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
         self.processes.append(process)
         return process
@@ -193,8 +220,8 @@ class Guide:
         assert command in self.text or command in page("getting-started.md").replace("orders.celery", app_of(command))
 
         log = self.directory / f"worker-{len(self.workers) + 1}.log"
-        argv = [*self._argv(command), *flags]
-        worker = WorkerProcess(argv, {**self.env, **(env or {})}, self.directory, log).start()
+        given, argv = self._argv(command)
+        worker = WorkerProcess([*argv, *flags], {**given, **(env or {})}, self.directory, log).start()
         self.workers.append(worker)
 
         def consumed() -> bool:
@@ -223,11 +250,17 @@ class Guide:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.communicate(timeout=30)
 
-    def _argv(self, command: str) -> list[str]:
+    def _argv(self, command: str) -> tuple[dict[str, str], list[str]]:
+        """The environment and the program's arguments of a command line as a shell reads it (``NAME=value``
+        words before the program set its environment)."""
         argv = shlex.split(command, comments=True)
+        env = dict(self.env)
+        while argv and re.fullmatch(r"[A-Za-z_]\w*=.*", argv[0]):
+            name, _, value = argv.pop(0).partition("=")
+            env[name] = value
         program = shutil.which(argv[0], path=self.env["PATH"])
         assert program is not None, f"{argv[0]} is not installed by what {self.path} names"
-        return [program, *argv[1:]]
+        return env, [program, *argv[1:]]
 
 
 @pytest.fixture

@@ -171,3 +171,26 @@ def test_a_health_check_pauses_a_handler_while_the_bank_is_down(guide, producer)
         assert f"{action}: 1 worker(s)" in done.stdout, done.stdout
         assert consumers(voided)[1] == count
     assert ledger.is_running()
+
+
+def test_two_services_under_users_of_their_own(guide):
+    security = guide("guides/security.md")
+    security.write("orders/celery.py", "orders/handlers.py", "shipping/celery.py", "fire.py")
+    security.run(security.line("amqp-events -A orders.celery topology declare"))
+    security.run(security.line("amqp-events -A shipping.celery topology declare"))
+    for service in ("orders", "shipping"):
+        applied = security.run(security.line(f"{service.upper()}_PASSWORD="))
+        assert f"user {service!r}: its permissions on vhost '/'" in applied.stdout, applied.stdout
+    assert {"orders", "shipping"} <= set(
+        security.run(security.line("amqp-events broker ctl list_users")).stdout.split()
+    )
+    orders = security.worker(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check celery -A orders.celery"),
+                             "orders:billing.invoice.paid")  # fmt: skip
+    shipping = security.worker(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check celery -A shipping.celery"),
+                               "shipping:billing.invoice.paid")  # fmt: skip
+    assert "Connected to amqp://orders:**@" in orders.log() and "Connected to amqp://shipping:**@" in shipping.log()
+    security.run(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check CELERY_BROKER_URL="))
+    wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler, as orders")
+    wait_for(lambda: "courier booked for invoice 42" in shipping.log(), 30, what="shipping's handler, as shipping")
+    listed = security.run(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check amqp-events --broker"))
+    assert "0 archived message(s)" in listed.stdout, listed.stdout  # its own archive, read as orders
