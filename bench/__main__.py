@@ -14,10 +14,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from amqp_events.testing.postgres import LocalPostgres
-from amqp_events.testing.redis import LocalRedis
-
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.local.postgres import LocalPostgres
+from amqp_events.local.redis import LocalRedis
 from bench import (
     cloud_events,
     console,

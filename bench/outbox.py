@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from amqp_events.testing.postgres import LocalPostgres
 from kombu import Connection, Queue
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, create_engine, insert, select, update
 
 from amqp_events.inbox.sql import InboxTable
+from amqp_events.local.postgres import LocalPostgres
 from amqp_events.outbox.relay import Relay
 from amqp_events.topology import service_topology
 from amqp_events.transport.declare import declare_topology

@@ -35,13 +35,13 @@ import threading
 import time
 from pathlib import Path
 
-from amqp_events.testing.postgres import LocalPostgres
 from sqlalchemy import Engine, create_engine
 
 from amqp_events import PublishError, events_app
 from amqp_events.inbox.sql import InboxTable
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
+from amqp_events.local.postgres import LocalPostgres
 from amqp_events.testing import wait_for
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 from faults import effects, probes

@@ -56,8 +56,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     ordered_runner: OrderedRunner | None = None
     #: Runs the messages of coroutine handlers on the worker's event loop (solo and threads pools).
     coroutine_runner: CoroutineRunner | None = None
-    #: Carries out each message's route (made with the task handler, on every connection).
-    dispatcher: Dispatcher
+    _dispatcher: Dispatcher | None = None
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
         # Upstream (5.5+): the DelayedDelivery step declares 28 queues of its own on every vhost with quorum
@@ -138,13 +137,34 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         declare_on_connect(self.app.context, connection, self.app.amqp.queues.consume_from)
         return connection
 
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """Carries out each message's route: made again with the task handler on every connection, and at once
+        when a partition's consumer (started by an earlier step) takes a message before that."""
+        if self._dispatcher is None:
+            self._dispatcher = self.make_dispatcher(promise)
+        return self._dispatcher
+
     def create_task_handler(self, promise: Callable[..., Any] = promise) -> Callable[[Message], Any]:
+        self._dispatcher = self.make_dispatcher(promise)
+
+        def on_task_received(message: Message) -> Any:
+            queue = self.consumed_from(message)
+            if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
+                logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
+                return message.reject(requeue=True)
+            self.dispatcher.dispatch(message, queue, ChannelSettler(message, self.call_soon))
+            return None
+
+        return on_task_received
+
+    def make_dispatcher(self, promise: Callable[..., Any]) -> Dispatcher:
         pool = self.pool
         if isinstance(pool, SoloPool):
             promise = acks_now(promise, deferred=(self.call_soon, getattr(self, "call_soon_ack", None)))
         threads = isinstance(pool, ThreadsPool)
         eventer = self.event_dispatcher
-        self.dispatcher = Dispatcher(
+        return Dispatcher(
             self.app,
             self.archiver,
             lambda: runner_of(self.app, self),
@@ -156,16 +176,6 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             bypass=isinstance(pool, SoloPool | ThreadsPool),
             events=bool(eventer and eventer.enabled),
         )
-
-        def on_task_received(message: Message) -> Any:
-            queue = self.consumed_from(message)
-            if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
-                logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
-                return message.reject(requeue=True)
-            self.dispatcher.dispatch(message, queue, ChannelSettler(message, self.call_soon))
-            return None
-
-        return on_task_received
 
     def consumed_from(self, message: Message) -> str | None:
         """The queue ``message`` came from, by its consumer tag: which handlers may run it

@@ -159,7 +159,8 @@ def test_the_history_drops_its_oldest_events_past_its_size(broker_url, cli):
         return json.loads(result.output)
 
     # A reading that found the stream empty (first_offset None) is asked again, as one that found nothing dropped.
-    kept = wait_for(lambda: ((found := stats())["first_offset"] or 0) > 0 and found, 30, what="old segments dropped")
+    # The node drops segments in a process of its own after a segment rolls over: late on a loaded machine.
+    kept = wait_for(lambda: ((found := stats())["first_offset"] or 0) > 0 and found, 90, what="old segments dropped")
     assert 0 < kept["events"] < 2000
     newest = json.loads(cli("history", "find", "--where", "n=1999").output)
     assert newest["offset"] == kept["last_offset"]  # the newest are kept

@@ -173,7 +173,7 @@ def test_a_health_check_pauses_a_handler_while_the_bank_is_down(guide, producer)
     assert ledger.is_running()
 
 
-def test_two_services_under_users_of_their_own(guide):
+def test_two_services_under_users_of_their_own(guide, servers):
     security = guide("guides/security.md")
     security.write("orders/celery.py", "orders/handlers.py", "shipping/celery.py", "fire.py")
     security.run(security.line("amqp-events -A orders.celery topology declare"))
@@ -188,7 +188,13 @@ def test_two_services_under_users_of_their_own(guide):
                              "orders:billing.invoice.paid")  # fmt: skip
     shipping = security.worker(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check celery -A shipping.celery"),
                                "shipping:billing.invoice.paid")  # fmt: skip
-    assert "Connected to amqp://orders:**@" in orders.log() and "Connected to amqp://shipping:**@" in shipping.log()
+    wanted = {"orders:billing.invoice.paid": "orders", "shipping:billing.invoice.paid": "shipping"}
+
+    def consumed_as() -> dict[str, str]:
+        consumers = servers.broker.request("GET", "/api/consumers/%2F")
+        return {row["queue"]["name"]: row["channel_details"]["user"] for row in consumers}
+
+    wait_for(lambda: wanted.items() <= consumed_as().items(), 30, what="each service's queue consumed as its user")
     security.run(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check CELERY_BROKER_URL="))
     wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler, as orders")
     wait_for(lambda: "courier booked for invoice 42" in shipping.log(), 30, what="shipping's handler, as shipping")
