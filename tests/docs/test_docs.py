@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import tomllib
 from docs_pages import ALL_PAGES, PAGES, ROOT, named_blocks, page, write_blocks
 
 from amqp_events.testing import wait_for
@@ -79,9 +80,18 @@ def test_the_readme_is_a_landing_page_whose_set_up_commands_come_first():
     assert linked and [path for path in linked if not (ROOT / path).is_file()] == []
 
 
-def test_the_extras_bring_what_their_names_say():
-    import tomllib
+def test_every_install_line_names_the_release_it_needs():
+    # Unversioned, pip would take 0.1.0 from the package index without a word: a version makes it fail loudly.
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    minor = ".".join(version.split(".")[:2])
+    lines = re.findall(r"pip install [^`\n]*celery-amqp-events[^`\n]*", page("README.md") + ALL_PAGES)
+    assert lines
+    for line in lines:
+        named = re.findall(r"celery-amqp-events(?:\[[\w,-]+\])?([<>=~!][^\s\"']*)?(?![\w/-])", line)
+        assert named and all(spec == f">={minor}" for spec in named), line
 
+
+def test_the_extras_bring_what_their_names_say():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert not any("psycopg" in requirement for requirement in extras["sqlalchemy"] + extras["django"])
     assert any("psycopg" in requirement for requirement in extras["postgres"])

@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.guides, pytest.mark.xdist_group("guides")]  # the page
 
 def test_the_readme_s_twenty_lines(guide):
     readme = guide("README.md")
+    # The package alone, no extras: its command is there (and `broker start` made the node these pages use).
+    assert "broker" in readme.run("amqp-events --help").stdout
     readme.write("shop.py")
     shop = readme.worker(readme.line("celery -A shop worker"), "shop:billing.invoice.paid")
     readme.run(readme.line("python -c "))
