@@ -1,0 +1,137 @@
+"""Acks sent together: one ``basic.ack`` with ``multiple`` for a run of settled deliveries, not one per message.
+
+A channel numbers its deliveries 1, 2, 3, ...; an ack with ``multiple`` settles every outstanding delivery up to
+its tag. :class:`HeldAcks` holds the acks a consumer's channel is given while more deliveries wait to be read, and
+sends them once the worker is about to wait (its event loop's tick before each poll) or ``limit`` are held. An ack
+with ``multiple`` is sent only up to a tag below which every delivery is settled here (acked, rejected or
+requeued), so it never settles a message still running; the others are sent alone. Rejects and requeues go out at
+once, and so does an ack given in another thread than the consumer's.
+
+Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
+"unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a
+held one, never sent before.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+#: Settled deliveries kept above one that is not (an ordered lane's, a long coroutine's): past this many, acks
+#: are sent alone until the channel closes (memory stays bounded if a delivery is never settled here).
+MAX_TRACKED = 100_000
+
+
+class AckWindow:
+    """Which deliveries of one channel are settled, and the acks held: bookkeeping only, no I/O."""
+
+    __slots__ = ("held", "settled_above", "settled_through", "tracking")
+
+    def __init__(self) -> None:
+        self.settled_through = 0  # every delivery up to this tag is settled
+        self.settled_above: set[int] = set()
+        self.held: list[int] = []
+        self.tracking = True
+
+    def settle(self, tag: int, multiple: bool = False) -> None:
+        """Delivery ``tag`` is settled (with ``multiple``: every delivery up to it)."""
+        if multiple and tag > self.settled_through:
+            self.settled_above = {above for above in self.settled_above if above > tag}
+            self.settled_through = tag
+        elif tag == self.settled_through + 1:
+            self.settled_through = tag
+        elif tag > self.settled_through:
+            self.settled_above.add(tag)
+            if len(self.settled_above) > MAX_TRACKED:
+                self.tracking = False
+                self.settled_above.clear()
+        while self.settled_above and self.settled_through + 1 in self.settled_above:
+            self.settled_through += 1
+            self.settled_above.discard(self.settled_through)
+
+    def hold(self, tag: int) -> None:
+        """An ack for ``tag``, to be sent later."""
+        self.settle(tag)
+        self.held.append(tag)
+
+    def release(self) -> tuple[int | None, list[int]]:
+        """The acks to send now: the tag of one ack with ``multiple`` (``None``: none), and the tags to ack alone."""
+        held, self.held = self.held, []
+        if not self.tracking:
+            return None, held
+        covered = [tag for tag in held if tag <= self.settled_through]
+        alone = [tag for tag in held if tag > self.settled_through]
+        if len(covered) == 1:
+            return None, covered + alone
+        return (max(covered) if covered else None), alone
+
+
+class HeldAcks:
+    """Holds the acks of ``channel`` (a py-amqp channel, through which kombu's messages settle) and sends them
+    together (see the module's text); installed on the channel until :meth:`uninstall`."""
+
+    def __init__(self, channel: Any, limit: Callable[[], int]) -> None:
+        self.channel, self.limit = channel, limit
+        self.window = AckWindow()
+        self.lock = threading.Lock()
+        self.thread = threading.get_ident()
+        self.holding = True
+        self._ack, self._reject = channel.basic_ack, channel.basic_reject
+        channel.basic_ack, channel.basic_reject = self.ack, self.reject
+
+    def ack(self, delivery_tag: int, multiple: bool = False, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            if multiple or not self.holding or threading.get_ident() != self.thread:
+                self.window.settle(delivery_tag, multiple)
+                return self._ack(delivery_tag, multiple, *args, **kwargs)
+            self.window.hold(delivery_tag)
+            if len(self.window.held) >= max(1, self.limit()):
+                self._send()
+            return None
+
+    def reject(self, delivery_tag: int, requeue: bool = True, *args: Any, **kwargs: Any) -> Any:
+        with self.lock:
+            self.window.settle(delivery_tag)
+            return self._reject(delivery_tag, requeue, *args, **kwargs)
+
+    def send_if_waiting(self) -> None:
+        """Send the held acks unless more deliveries wait to be read (then the next tick sends them)."""
+        if self.window.held and not self._more_to_read():
+            self.send()
+
+    def send(self) -> None:
+        """Send the held acks now. If the channel is gone, so are they: the broker has those messages back."""
+        with self.lock:
+            try:
+                self._send()
+            except Exception as exc:
+                logger.warning("could not send %s held ack(s): the broker gets them back with the channel", exc)
+
+    def uninstall(self) -> None:
+        """Send what is held, and give the channel its own ack and reject back."""
+        self.send()
+        with self.lock:
+            self.holding = False  # a caller that found this ack before it was taken off sends at once
+        for name in ("basic_ack", "basic_reject"):
+            vars(self.channel).pop(name, None)
+
+    def _send(self) -> None:
+        multiple, alone = self.window.release()
+        if multiple is not None:
+            self._ack(multiple, True)
+        for tag in alone:
+            self._ack(tag, False)
+
+    def _more_to_read(self) -> bool:
+        sock = getattr(self.channel.connection, "sock", None)
+        if sock is None:
+            return False
+        try:
+            return bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False

@@ -1,0 +1,54 @@
+"""Acks held and sent together on a real channel (amqp_events.transport.acks): a run of settled deliveries is
+one frame, a delivery still running stays outstanding, and it comes back when its channel closes."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from kombu import Connection, Consumer, Producer, Queue
+
+from amqp_events.transport.acks import HeldAcks
+
+COUNT = 40
+
+
+def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstanding(broker_url):
+    queue = Queue(f"acks-{uuid.uuid4().hex[:8]}", durable=False, auto_delete=False)
+    with Connection(broker_url) as connection:
+        channel = connection.channel()
+        queue(channel).declare()
+        producer = Producer(channel)
+        for n in range(COUNT):
+            producer.publish({"n": n}, routing_key=queue.name, serializer="json")
+        received = []
+        channel.basic_qos(0, COUNT, False)
+        held = HeldAcks(channel, lambda: COUNT)
+        frames: list[tuple[int, bool]] = []
+        send = held._ack
+        held._ack = lambda tag, multiple=False: (frames.append((tag, multiple)), send(tag, multiple))
+        with Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]):
+            while len(received) < COUNT:
+                connection.drain_events(timeout=10)
+            for message in received[:20]:
+                message.ack()
+            held.send()
+            assert frames == [(20, True)]  # twenty acks, one frame
+            running = received[29]
+            for message in received[20:29] + received[30:]:
+                message.ack()
+            held.send()
+            assert frames[1] == (29, True)  # up to the one still running
+            assert frames[2:] == [(tag, False) for tag in range(31, COUNT + 1)]  # above it: alone
+            with Connection(broker_url) as looking:
+                ok = looking.default_channel.queue_declare(queue.name, passive=True)
+                assert ok.message_count == 0  # none ready: every message is settled or still running
+            held.uninstall()
+            channel.close()  # the running one goes back to its queue
+        with Connection(broker_url) as looking:
+            back = looking.default_channel
+            assert back.queue_declare(queue.name, passive=True).message_count == 1
+            message = back.basic_get(queue.name, no_ack=True)
+            assert message is not None and json.loads(message.body) == {"n": 29}
+            assert running.delivery_tag == 30
+            back.queue_delete(queue.name)
