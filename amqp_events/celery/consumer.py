@@ -9,8 +9,8 @@
   run here or handed to Celery's request path; never dropped or requeued in a loop.
 * With the solo pool, acks are sent at once; a warm shutdown wakes the event
   loop at once (:mod:`amqp_events.celery.loop`).
-* Acks on the task channel are sent together, with ``multiple``, before each poll of the event loop
-  (:mod:`amqp_events.transport.acks`): one frame, and one settlement on the broker, for a run of messages.
+* Acks of a fast run of messages on the task channel are sent together, with ``multiple``, before the event
+  loop's next poll (:mod:`amqp_events.transport.acks`): one frame, and one settlement on the broker, for the run.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, tests/broker/test_worker_startup.py,
 tests/broker/test_bad_input.py).
@@ -190,7 +190,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def hold_acks(self) -> None:
         """Hold the acks of this connection's task channel, to be sent together before the loop's next poll (or
-        once half the prefetch window is held). What the previous channel held went back with it."""
+        once half the prefetch window is held, or after 50 ms). What the previous channel held went back with it."""
         if self.hub is None:
             return
         self.held_acks = HeldAcks(self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2)

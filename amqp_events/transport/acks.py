@@ -1,11 +1,13 @@
 """Acks sent together: one ``basic.ack`` with ``multiple`` for a run of settled deliveries, not one per message.
 
-A channel numbers its deliveries 1, 2, 3, ...; an ack with ``multiple`` settles every outstanding delivery up to
-its tag. :class:`HeldAcks` holds the acks a consumer's channel is given while more deliveries wait to be read, and
-sends them once the worker is about to wait (its event loop's tick before each poll) or ``limit`` are held. An ack
-with ``multiple`` is sent only up to a tag below which every delivery is settled here (acked, rejected or
-requeued), so it never settles a message still running; the others are sent alone. Rejects and requeues go out at
-once, and so does an ack given in another thread than the consumer's.
+A channel numbers its deliveries 1, 2, 3, ... (again from 1 when it is reopened); an ack with ``multiple`` settles
+every outstanding delivery up to its tag. :class:`HeldAcks` holds the acks a consumer's channel is given in a fast
+run (each within :data:`HOLD_GAP` of the one before) while more deliveries wait to be read, and sends them once the
+worker is about to wait (its event loop's tick before each poll), once ``limit`` are held, or once the oldest is
+:data:`MAX_HOLD` old. An ack with ``multiple`` is sent only up to a tag below which every delivery of the channel
+is settled here (acked, rejected or requeued), so it never settles a message still running; the others are sent
+alone. Rejects and requeues go out at once, and so does an ack given in another thread than the consumer's, or
+after a slower handler. The held acks of a fast run wait at most for the run of the message after them.
 
 Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
 "unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a
@@ -17,14 +19,21 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: Settled deliveries kept above one that is not (an ordered lane's, a long coroutine's): past this many, acks
-#: are sent alone until the channel closes (memory stays bounded if a delivery is never settled here).
-MAX_TRACKED = 100_000
+#: Settled deliveries kept above one that is not (an ordered lane's, a long coroutine's, or one this channel took
+#: before the consumer began, as Celery's mingle does without acks): past this many, acks are sent alone until
+#: the channel is reopened (memory stays bounded if a delivery is never settled here).
+MAX_TRACKED = 4096
+#: Seconds between two acks within which the second is held: a run of fast handlers. After a slower one (whose
+#: ack costs little beside it) the ack goes out at once.
+HOLD_GAP = 0.002
+#: Seconds an ack is held at most while deliveries keep arriving (on this or another channel of the connection).
+MAX_HOLD = 0.05
 
 
 class AckWindow:
@@ -78,19 +87,25 @@ class HeldAcks:
     def __init__(self, channel: Any, limit: Callable[[], int]) -> None:
         self.channel, self.limit = channel, limit
         self.window = AckWindow()
-        self.lock = threading.Lock()
+        # Reentrant: a signal handler of the consumer's thread (a cold shutdown) may ack while it sends.
+        self.lock = threading.RLock()
         self.thread = threading.get_ident()
         self.holding = True
-        self._ack, self._reject = channel.basic_ack, channel.basic_reject
-        channel.basic_ack, channel.basic_reject = self.ack, self.reject
+        self.last_ack = self.oldest_held = 0.0
+        self._ack, self._reject, self._revive = channel.basic_ack, channel.basic_reject, channel._do_revive
+        channel.basic_ack, channel.basic_reject, channel._do_revive = self.ack, self.reject, self._reopened
 
     def ack(self, delivery_tag: int, multiple: bool = False, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
             if multiple or not self.holding or threading.get_ident() != self.thread:
                 self.window.settle(delivery_tag, multiple)
                 return self._ack(delivery_tag, multiple, *args, **kwargs)
+            now = time.monotonic()
+            fast, self.last_ack = now - self.last_ack <= HOLD_GAP, now
+            if not self.window.held:
+                self.oldest_held = now
             self.window.hold(delivery_tag)
-            if len(self.window.held) >= max(1, self.limit()):
+            if not fast or len(self.window.held) >= max(1, self.limit()) or now - self.oldest_held > MAX_HOLD:
                 self._send()
             return None
 
@@ -100,8 +115,9 @@ class HeldAcks:
             return self._reject(delivery_tag, requeue, *args, **kwargs)
 
     def send_if_waiting(self) -> None:
-        """Send the held acks unless more deliveries wait to be read (then the next tick sends them)."""
-        if self.window.held and not self._more_to_read():
+        """Send the held acks unless more deliveries wait to be read (then a later tick sends them, within
+        :data:`MAX_HOLD`)."""
+        if self.window.held and (time.monotonic() - self.oldest_held > MAX_HOLD or not self._more_to_read()):
             self.send()
 
     def send(self) -> None:
@@ -117,8 +133,15 @@ class HeldAcks:
         self.send()
         with self.lock:
             self.holding = False  # a caller that found this ack before it was taken off sends at once
-        for name in ("basic_ack", "basic_reject"):
+        for name in ("basic_ack", "basic_reject", "_do_revive"):
             vars(self.channel).pop(name, None)
+
+    def _reopened(self) -> Any:
+        """Upstream (py-amqp): a channel the broker closed is opened again as the same object, its deliveries
+        numbered from 1 again; what it held went back to the queues with the old one."""
+        with self.lock:
+            self.window = AckWindow()
+        return self._revive()
 
     def _send(self) -> None:
         multiple, alone = self.window.release()

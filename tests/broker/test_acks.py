@@ -1,11 +1,14 @@
 """Acks held and sent together on a real channel (amqp_events.transport.acks): a run of settled deliveries is
-one frame, a delivery still running stays outstanding, and it comes back when its channel closes."""
+one frame, a delivery still running stays outstanding and comes back when its channel closes, and a channel the
+broker closed and py-amqp opened again starts its count afresh."""
 
 from __future__ import annotations
 
 import json
 import uuid
 
+import pytest
+from amqp.exceptions import NotFound
 from kombu import Connection, Consumer, Producer, Queue
 
 from amqp_events.transport.acks import HeldAcks
@@ -33,13 +36,14 @@ def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstandi
             for message in received[:20]:
                 message.ack()
             held.send()
-            assert frames == [(20, True)]  # twenty acks, one frame
+            # The first of a run goes out at once (nothing came just before it); the other nineteen are one frame.
+            assert frames == [(1, False), (20, True)]
             running = received[29]
             for message in received[20:29] + received[30:]:
                 message.ack()
             held.send()
-            assert frames[1] == (29, True)  # up to the one still running
-            assert frames[2:] == [(tag, False) for tag in range(31, COUNT + 1)]  # above it: alone
+            assert frames[2] == (29, True)  # up to the one still running
+            assert frames[3:] == [(tag, False) for tag in range(31, COUNT + 1)]  # above it: alone
             with Connection(broker_url) as looking:
                 ok = looking.default_channel.queue_declare(queue.name, passive=True)
                 assert ok.message_count == 0  # none ready: every message is settled or still running
@@ -51,4 +55,44 @@ def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstandi
             message = back.basic_get(queue.name, no_ack=True)
             assert message is not None and json.loads(message.body) == {"n": 29}
             assert running.delivery_tag == 30
+            back.queue_delete(queue.name)
+
+
+def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_count(broker_url):
+    queue = Queue(f"acks-{uuid.uuid4().hex[:8]}", durable=False, auto_delete=False)
+    with Connection(broker_url) as connection:
+        channel = connection.channel()
+        queue(channel).declare()
+        producer = Producer(connection.channel())
+        for n in range(10):
+            producer.publish({"n": n}, routing_key=queue.name, serializer="json")
+        channel.basic_qos(0, 10, False)
+        held = HeldAcks(channel, lambda: 100)
+        received: list = []
+
+        def take(count: int) -> None:
+            received.clear()
+            with Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]):
+                while len(received) < count:
+                    connection.drain_events(timeout=10)
+
+        take(10)
+        for message in received[:6]:
+            message.ack()  # the first goes out at once, the next five are held
+        with pytest.raises(NotFound):  # the broker closes the channel; py-amqp opens it again, same object
+            channel.queue_declare(f"missing-{uuid.uuid4().hex[:8]}", passive=True)
+        assert channel.is_open
+        take(9)  # the five held and the four never acked, delivered again and numbered from 1
+        assert sorted(json.loads(message.body)["n"] for message in received) == list(range(1, 10))
+        for message in received[4:]:
+            message.ack()  # deliveries 5-9 of the new count, while 1-4 still run
+        held.send()
+        with Connection(broker_url) as looking:
+            ok = looking.default_channel.queue_declare(queue.name, passive=True)
+            assert ok.message_count == 0
+        held.uninstall()
+        channel.close()  # the four still running go back
+        with Connection(broker_url) as looking:
+            back = looking.default_channel
+            assert back.queue_declare(queue.name, passive=True).message_count == 4
             back.queue_delete(queue.name)
