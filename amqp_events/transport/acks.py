@@ -7,7 +7,8 @@ worker is about to wait (its event loop's tick before each poll), once ``limit``
 :data:`MAX_HOLD` old. An ack with ``multiple`` is sent only up to a tag below which every delivery of the channel
 is settled here (acked, rejected or requeued), so it never settles a message still running; the others are sent
 alone. Rejects and requeues go out at once, and so does an ack given in another thread than the consumer's, or
-after a slower handler. The held acks of a fast run wait at most for the run of the message after them.
+after a slower handler. With the solo pool the held acks of a fast run may wait for the run of the message after
+them (a duplicate, should the worker die meanwhile, as with any ack not yet sent).
 
 Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
 "unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a
@@ -97,7 +98,7 @@ class HeldAcks:
 
     def ack(self, delivery_tag: int, multiple: bool = False, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
-            if multiple or not self.holding or threading.get_ident() != self.thread:
+            if multiple or not (self.holding and self.window.tracking) or threading.get_ident() != self.thread:
                 self.window.settle(delivery_tag, multiple)
                 return self._ack(delivery_tag, multiple, *args, **kwargs)
             now = time.monotonic()
@@ -138,9 +139,12 @@ class HeldAcks:
 
     def _reopened(self) -> Any:
         """Upstream (py-amqp): a channel the broker closed is opened again as the same object, its deliveries
-        numbered from 1 again; what it held went back to the queues with the old one."""
+        numbered from 1 again; what it held went back to the queues with the old one. A message taken before may
+        still be acked with its old tag, which the new count may give another: from now on every ack goes out
+        at once, as it is given."""
         with self.lock:
             self.window = AckWindow()
+            self.holding = False
         return self._revive()
 
     def _send(self) -> None:

@@ -84,9 +84,12 @@ def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_co
         assert channel.is_open
         take(9)  # the five held and the four never acked, delivered again and numbered from 1
         assert sorted(json.loads(message.body)["n"] for message in received) == list(range(1, 10))
+        frames: list[int] = []
+        send = held._ack
+        held._ack = lambda tag, multiple=False: (frames.append(tag), send(tag, multiple))
         for message in received[4:]:
             message.ack()  # deliveries 5-9 of the new count, while 1-4 still run
-        held.send()
+        assert frames == [5, 6, 7, 8, 9]  # each at once: an ack of the old count could name a new delivery
         with Connection(broker_url) as looking:
             ok = looking.default_channel.queue_declare(queue.name, passive=True)
             assert ok.message_count == 0
