@@ -78,7 +78,7 @@ def _create() -> dict[str, Any]:
         ),
         "outcomes": Counter(
             PREFIX + "handler_outcomes",
-            "Handler runs by outcome: success, skipped, retry_scheduled, handed_back, archived.",
+            "Runs by outcome: success, skipped, retry_scheduled, redelivered, handed_back, postponed, archived.",
             ["service", "handler", "outcome"],
         ),
         "failures": Counter(

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import tomllib
-from docs_pages import ALL_PAGES, PAGES, ROOT, named_blocks, page, write_blocks
+from docs_pages import ALL_PAGES, PAGES, ROOT, code_blocks, named_blocks, page, write_blocks
 
 from amqp_events.testing import wait_for
 
@@ -89,6 +89,26 @@ def test_every_install_line_names_the_release_it_needs():
     for line in lines:
         named = re.findall(r"celery-amqp-events(?:\[[\w,-]+\])?([<>=~!][^\s\"']*)?(?![\w/-])", line)
         assert named and all(spec == f">={minor}" for spec in named), line
+
+
+def test_every_app_a_command_names_is_a_module_the_pages_write():
+    # topology.md once said `-A orders.app` where the pages write orders/celery.py: "No module named 'orders.app'".
+    written = set(code_blocks())
+    named = set(re.findall(r"-A ([a-z_][\w.]*)", page("README.md") + ALL_PAGES))
+    assert named
+    # Celery's -A takes a module, or a package whose celery module holds the app.
+    missing = {app for app in named if not {f"{app.replace('.', '/')}.py", f"{app}/celery.py"} & written}
+    assert missing == set()
+
+
+def test_the_metrics_page_and_the_metric_name_every_outcome():
+    from amqp_events.middleware.metrics import OUTCOMES
+
+    row = next(line for line in page("guides/metrics.md").splitlines() if "handler_outcomes_total" in line)
+    # Read from the source: making the instruments here would fix this test process's registry for the others.
+    source = (ROOT / "amqp_events" / "metrics" / "__init__.py").read_text()
+    help_text = re.findall(r'"Runs by outcome: ([^"]+)"', source)[0]
+    assert [outcome for outcome in OUTCOMES if f"`{outcome}`" not in row or outcome not in help_text] == []
 
 
 def test_the_extras_bring_what_their_names_say():
