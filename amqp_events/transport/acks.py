@@ -27,8 +27,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 #: Settled deliveries kept above one that is not (an ordered lane's, a long coroutine's, or one this channel took
-#: before the consumer began, as Celery's mingle does without acks): past this many, acks are sent alone until
-#: the channel is reopened (memory stays bounded if a delivery is never settled here).
+#: before the consumer began, as Celery's mingle does without acks): past this many, acks are no longer held on
+#: that channel (memory stays bounded if a delivery is never settled here).
 MAX_TRACKED = 4096
 #: Seconds between two acks within which the second is held: a run of fast handlers. After a slower one (whose
 #: ack costs little beside it) the ack goes out at once.
@@ -127,7 +127,7 @@ class HeldAcks:
             try:
                 self._send()
             except Exception as exc:
-                logger.warning("could not send %s held ack(s): the broker gets them back with the channel", exc)
+                logger.warning("could not send the held acks (%s): the broker gets them back with the channel", exc)
 
     def uninstall(self) -> None:
         """Send what is held, and give the channel its own ack and reject back."""
