@@ -56,9 +56,11 @@ def test_fifty_failures_of_one_cause_and_five_of_another_are_two_groups_and_the_
     assert {member["arguments"] for member in members} >= {'{"[0]": "k7", "how": {"permanent": true}}'}
 
     page.click("a[href='/services/orders/archive'] >> nth=0")
+    page.wait_for_url("**/services/orders/archive", timeout=30_000)  # a click waits for the navigation's start only
     assert page.locator("tr.group").count() == 2
     assert page.locator("tr.group td.count").all_inner_texts() == ["50", "5"]
     page.click(f"tr.group[data-group='{big['id']}'] a")
+    page.wait_for_url(f"**/services/orders/groups/{big['id']}", timeout=30_000)
     assert page.locator(".count").inner_text() == "50"
     assert page.locator("tr.member").count() == 50
     page.screenshot(path=SCREENSHOTS / "group.png")
