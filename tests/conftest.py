@@ -131,7 +131,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     report = outcome.get_result()
     console = getattr(item, "funcargs", {}).get("console")
     if report.failed and call.when == "call" and console is not None:
-        report.sections.append((f"console log pid {console.process.pid}", console.log_tail()))
+        code = console.process.poll()
+        state = "running" if code is None else f"exited with {code}"
+        report.sections.append((f"console log pid {console.process.pid} ({state})", console.log_tail()))
 
 
 @pytest.fixture

@@ -43,6 +43,9 @@ class NodeState:
     prometheus_port: int
     server_pid: int = 0
     epmd_pid: int = 0
+    #: When each started (see :func:`~amqp_events.local.processes.same`): 0 in a state saved before they were kept.
+    server_started: int = 0
+    epmd_started: int = 0
     #: HOME of the node: where its Erlang cookie is (shared by the nodes of a cluster).
     home: str = ""
     #: The loopback address the node listens on (its own, in a cluster: see :mod:`~amqp_events.local.partition`).
@@ -110,7 +113,7 @@ class LocalBroker:
         return self.requested_rabbitmq or find()
 
     def is_running(self) -> bool:
-        return self.state is not None and processes.alive(self.state.server_pid)
+        return self.state is not None and processes.alive(self.server_pid())
 
     def start(self, timeout: float = 90.0) -> None:
         """Start the node (keeping data from an earlier run) and wait until it accepts AMQP connections."""
@@ -120,13 +123,15 @@ class LocalBroker:
         Installation(Path(state.rabbitmq_root)).check()
         for path in (self.directory / "mnesia", self.directory / "log", Path(state.home)):
             path.mkdir(parents=True, exist_ok=True)
-        if self.shared_epmd_port is None and not processes.alive(state.epmd_pid):  # kill() leaves the epmd up
-            state.epmd_pid = self._spawn("epmd", ["-port", str(state.epmd_port)], state, "epmd.out")
+        if self.shared_epmd_port is None and not processes.alive(processes.same(state.epmd_pid, state.epmd_started)):
+            state.epmd_pid = self._spawn("epmd", ["-port", str(state.epmd_port)], state, "epmd.out")  # kill() keeps it
+            state.epmd_started = processes.start_ticks(state.epmd_pid)
         output = self.directory / "server.out"
         for attempt in range(PORT_ATTEMPTS):
             written = output.stat().st_size if output.exists() else 0
             self._write_config(state)
             state.server_pid = self._spawn("rabbitmq-server", [], state, "server.out")
+            state.server_started = processes.start_ticks(state.server_pid)
             self.state = state
             self._save_state()
             try:
@@ -148,15 +153,15 @@ class LocalBroker:
         state = self.state
         if state is None:
             return
-        processes.terminate(state.server_pid, timeout, also=self.beam_pid())
-        processes.terminate(state.epmd_pid, 10.0)
+        processes.terminate(self.server_pid(), timeout, also=self.beam_pid())
+        processes.terminate(processes.same(state.epmd_pid, state.epmd_started), 10.0)
         state.server_pid = state.epmd_pid = 0
         self._save_state()
 
     def kill(self) -> None:
         """Crash the node: SIGKILL the Erlang VM, as a power cut would. ``start()`` brings it back."""
         state = self._require_state()
-        processes.kill(self.beam_pid(), state.server_pid)
+        processes.kill(self.beam_pid(), self.server_pid())
         state.server_pid = 0
         self._save_state()
 
@@ -181,11 +186,18 @@ class LocalBroker:
         return done.stdout
 
     def beam_pid(self) -> int:
-        """PID of the node's Erlang VM (started by ``rabbitmq-server``), 0 when unknown."""
+        """PID of the node's Erlang VM (started by ``rabbitmq-server``), 0 when unknown (or when the file names a
+        process that is not an Erlang VM any more)."""
         try:
-            return int((self.directory / "rabbitmq.pid").read_text().strip())
+            pid = int((self.directory / "rabbitmq.pid").read_text().strip())
+            return pid if b"beam" in Path(f"/proc/{pid}/cmdline").read_bytes() else 0
         except (OSError, ValueError):
             return 0
+
+    def server_pid(self) -> int:
+        """PID of the node's ``rabbitmq-server`` while it is the process this node started, else 0."""
+        state = self.state
+        return processes.same(state.server_pid, state.server_started) if state is not None else 0
 
     # -- internals --------------------------------------------------------
 
@@ -295,7 +307,7 @@ class LocalBroker:
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         while time.monotonic() < deadline:
-            if not processes.alive(state.server_pid):
+            if not processes.alive(self.server_pid()):
                 raise LocalServerError(f"RabbitMQ exited during start-up; its log says:\n{self.log_tail()}")
             try:
                 connection = amqp.Connection(f"{state.host}:{state.amqp_port}", connect_timeout=2)

@@ -59,6 +59,7 @@ class LocalCluster:
         self.size = int(saved.get("size", size))
         self.epmd_port = int(saved.get("epmd_port") or processes.free_port())
         self.epmd_pid = int(saved.get("epmd_pid", 0))
+        self.epmd_started = int(saved.get("epmd_started", 0))
         self.joined = bool(saved.get("joined", False))
         #: The nodes' addresses are ``{network}.1``, ``{network}.2``, ...: a network of its own on loopback.
         self.network = str(saved.get("network") or f"127.{random.randint(1, 254)}.{random.randint(1, 254)}")
@@ -108,9 +109,10 @@ class LocalCluster:
         rabbitmq.check()
         for node in self.nodes:
             node.requested_rabbitmq = rabbitmq
-        if not processes.alive(self.epmd_pid):
+        if not processes.alive(processes.same(self.epmd_pid, self.epmd_started)):
             argv, environment = rabbitmq.command("epmd", ["-port", str(self.epmd_port)], os.environ)
             self.epmd_pid = processes.spawn(argv, environment, self.directory, self.directory / "epmd.out")
+            self.epmd_started = processes.start_ticks(self.epmd_pid)
         self._save()
         try:
             self._start_nodes(timeout)
@@ -177,8 +179,8 @@ class LocalCluster:
         self.heal()
         with ThreadPoolExecutor(self.size) as pool:
             list(pool.map(lambda node: node.stop(timeout), reversed(self.nodes)))
-        processes.terminate(self.epmd_pid, 10.0)
-        self.epmd_pid = 0
+        processes.terminate(processes.same(self.epmd_pid, self.epmd_started), 10.0)
+        self.epmd_pid = self.epmd_started = 0
         self._save()
 
     def _load(self) -> dict[str, Any]:
@@ -192,6 +194,7 @@ class LocalCluster:
             "size": self.size,
             "epmd_port": self.epmd_port,
             "epmd_pid": self.epmd_pid,
+            "epmd_started": self.epmd_started,
             "joined": self.joined,
             "network": self.network,
             "rabbitmq_root": str(self.requested_rabbitmq.root) if self.requested_rabbitmq else None,

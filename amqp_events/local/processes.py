@@ -78,6 +78,28 @@ def spawn(argv: Sequence[str], environment: Mapping[str, str], directory: Path, 
     return process.pid
 
 
+def start_ticks(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot, field 22 of ``/proc/PID/stat``); 0 when none runs."""
+    if pid <= 0:
+        return 0
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rpartition(")")[2].split()[19])  # fields after the command, which may hold spaces
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def same(pid: int, started: int) -> int:
+    """``pid`` while it is still the process that started at ``started`` (0: not known, trusted), else 0.
+
+    PIDs come round again (32768 of them on many machines): a server that died on its own, reaped since, may have
+    left its PID to any other process, which a stop must never signal.
+    """
+    if not started or start_ticks(pid) == started:
+        return pid
+    return 0
+
+
 def alive(pid: int) -> bool:
     """Does process ``pid`` run (a zombie does not)?"""
     if pid <= 0:

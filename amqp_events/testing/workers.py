@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from amqp_events.errors import WorkerStartError
+from amqp_events.local.processes import alive
 
 #: Flags every worker of this library should run with (docs/guides/production.md, "Running workers").
 WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
@@ -88,8 +89,10 @@ class WorkerProcess:
             if self.wait(timeout) is None:
                 self._signal_group(signal.SIGKILL)
                 self.wait(10)
-        else:
-            self._signal_group(signal.SIGKILL)  # pool children left behind by a crashed parent
+        elif not alive(self.pid):
+            # Pool children left behind by a crashed parent. While any is in its group, the kernel gives its number
+            # to no new process; a process at that PID means the group is empty and the number was given again.
+            self._signal_group(signal.SIGKILL)
         return self.process.returncode
 
     def wait(self, timeout: float) -> int | None:
