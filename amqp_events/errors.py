@@ -147,6 +147,10 @@ class BreakerOpen(Exception):
     """A prefetched message was handed back unrun: its handler's circuit breaker is open."""
 
 
+class ProcessStopping(Exception):
+    """A message taken while its pool process stops (recycled, or a warm shutdown) was handed back unrun."""
+
+
 class Expired(Exception):
     """A message arrived after its ``expires`` time: it is archived unrun."""
 

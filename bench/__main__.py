@@ -79,6 +79,8 @@ def main() -> int:
         if wanted("fan_out"):
             one_service = one_service or scenarios.drain(bench, size, "ours", "solo", 1)
             results.append(scenarios.fan_out(bench, size, one_service))
+        if wanted("the_command_as_typed"):
+            results.append(handling.the_command_as_typed(bench, size))
         if wanted("backlog_side_by_side"):
             results += handling.backlog_side_by_side(bench, size)
         if wanted("ordered"):

@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench.harness import APPS, Bench, Run, median, steady_throughput
+from bench.harness import APPS, Bench, Run, legacy, legacy_python, median, steady_throughput
 from bench.scenarios import Result, Size, ours_app, plain_app
 
 #: pool, concurrency, worker processes: two processes' worth each.
@@ -41,6 +41,11 @@ def fill(run: Run, library: str, count: int, wait: bool = True) -> str:
                 plain.send_task("bench.noop", (n,), {"last": n == count - 1}, producer=producer)
         plain.close()
         queue = "plain"
+    elif library == "legacy":  # celery-amqp-events 0.1.0, in its own virtualenv
+        with run.worker("legacy", python=legacy_python()):
+            pass  # declares its queues
+        legacy(run, "legacy_fire.py", str(count), "--last")
+        queue = "legacy.bench.noop"
     else:  # ours, and the other consumers of the very same events
         app = ours_app(run)
         app.declare_topology()
@@ -59,6 +64,14 @@ def celery_workers(run: Run, library: str, pool: str, concurrency: int, processe
     with contextlib.ExitStack() as workers:
         for _ in range(processes):
             workers.enter_context(run.worker(library, pool=pool, concurrency=concurrency))
+        yield
+
+
+@contextlib.contextmanager
+def as_typed(run: Run, library: str) -> Iterator[None]:
+    """``celery -A app worker -c 2``: no pool named (Celery's prefork; ours, the consuming pool)."""
+    python = legacy_python() if library == "legacy" else sys.executable
+    with run.worker(library, pool=None, concurrency=2, python=python):
         yield
 
 
@@ -131,3 +144,37 @@ def backlog_side_by_side(bench: Bench, size: Size) -> list[Result]:
             )
         )
     return results
+
+
+def the_command_as_typed(bench: Bench, size: Size) -> Result:
+    """``celery -A app worker -c 2`` as most Celery users type it, ours against plain Celery and 0.1.0 on the same
+    command (Celery's prefork pool: ours, the consuming pool), and FastStream ``--workers 2``."""
+    rates: dict[str, list[float]] = defaultdict(list)
+    for _ in range(size.repeats):
+        for library in ("ours", "plain", "legacy"):
+            typed = functools.partial(as_typed, library=library)
+            rates[library].append(drained(bench, size, f"typed-{library}", library, typed))
+        prefork = functools.partial(celery_workers, library="ours", pool="prefork", concurrency=2, processes=1)
+        rates["ours prefork"].append(drained(bench, size, "ours-prefork", "ours", prefork))
+        rates["faststream"].append(drained(bench, size, "faststream", "ours", faststream))
+    rate = {name: median(values) for name, values in rates.items()}
+    ours = rate["ours"]
+    return Result(
+        f"handling {size.drain:,} waiting events with `celery worker -c 2` as typed (no -P), side by side",
+        f"{ours:,.0f} events/s",
+        f"FastStream --workers 2: {rate['faststream']:,.0f}/s ({ours / rate['faststream']:.2f}x); "
+        f"plain Celery, same command: {rate['plain']:,.0f}/s ({ours / rate['plain']:.2f}x); "
+        f"0.1.0, same command: {rate['legacy']:,.0f}/s ({ours / rate['legacy']:.2f}x); "
+        f"ours with -P prefork -c 2: {rate['ours prefork']:,.0f}/s",
+        ours / rate["faststream"],
+        ">= 1.2x FastStream, >= 1.5x plain Celery and 0.1.0",
+        ours >= 1.2 * rate["faststream"] and ours >= 1.5 * max(rate["plain"], rate["legacy"]),
+        {
+            "ours (consuming pool)": ours,
+            "FastStream": rate["faststream"],
+            "plain Celery (prefork)": rate["plain"],
+            "0.1.0 (prefork)": rate["legacy"],
+            "ours -P prefork": rate["ours prefork"],
+        },
+        dict(rates),
+    )

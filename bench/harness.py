@@ -100,7 +100,7 @@ class Run:
     def worker(
         self,
         app: str,
-        pool: str = "solo",
+        pool: str | None = "solo",
         concurrency: int = 1,
         python: str = sys.executable,
         service: str = "bench",

@@ -23,7 +23,25 @@ def text_table(results: list[Result]) -> str:
         lines.append(f"* {result.scenario}")
         lines.append(f"    ours: {result.ours} | baselines: {result.baselines}")
         lines.append(f"    ratio: {ratio(result)} | target: {result.target} | met: {verdict(result)}")
+        lines += [f"    round by round, {name}: {figures(values)}" for name, values in result.rounds.items()]
     return "\n".join(lines)
+
+
+def figures(values: list[float]) -> str:
+    return ", ".join(f"{value:,.0f}" for value in values)
+
+
+def rounds(results: list[Result]) -> list[str]:
+    """Each round's figures beside the medians the table gives, for the scenarios that keep them."""
+    kept = [result for result in results if result.rounds]
+    if not kept:
+        return []
+    lines = ["## Round by round", ""]
+    for result in kept:
+        lines += [f"**{result.scenario}**", ""]
+        lines += [f"* {name}: {figures(values)}" for name, values in result.rounds.items()]
+        lines.append("")
+    return lines
 
 
 def markdown(results: list[Result], seconds: float, notes: str) -> str:
@@ -48,6 +66,7 @@ def markdown(results: list[Result], seconds: float, notes: str) -> str:
             "",
             "![ratios](bench/chart.png)",
             "",
+            *rounds(results),
             notes.strip(),
             "",
         ]

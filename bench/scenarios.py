@@ -65,6 +65,8 @@ class Result:
     met: bool | None
     #: Numbers for the chart: label -> value.
     values: dict[str, float] = field(default_factory=dict)
+    #: Each round's figure, by contender (the values are their medians).
+    rounds: dict[str, list[float]] = field(default_factory=dict)
 
 
 def ours_app(run: Run, service: str = "bench"):  # type: ignore[no-untyped-def]

@@ -109,6 +109,7 @@ class BrokerMode(Mode):
         service_app: Callable[[str], Any],
         monkeypatch: pytest.MonkeyPatch,
         coroutines: bool = False,
+        typed: bool = False,
     ) -> None:
         self.worker, self.producer, self.records, self.service_app = worker, producer, records, service_app
         self.monkeypatch = monkeypatch
@@ -116,19 +117,26 @@ class BrokerMode(Mode):
         self.env: dict[str, str] = {}
         #: The test services' handlers as coroutines (``COROUTINES=1``), on the worker's event loop.
         self.coroutines = coroutines
+        #: Workers started as typed, ``celery -A <service> worker -c 2`` (the consuming pool's two processes).
+        self.typed = typed
+
+    def start_worker(self, service: str, env: dict[str, str]) -> Any:
+        if self.typed:
+            return self.worker(service, "-c", "2", "--loglevel=INFO", as_written=True, env=env)
+        return self.worker(service, env=env)
 
     def start(self, *services: str, env: dict[str, str] | None = None) -> None:
         self.env = {**({"COROUTINES": "1"} if self.coroutines else {}), **(env or {})}
         for key, value in self.env.items():  # the services' modules loaded here (module()) configured alike
             self.monkeypatch.setenv(key, value)
         for service in services:
-            self.processes[service] = self.worker(service, env=self.env)
+            self.processes[service] = self.start_worker(service, self.env)
 
     def until(self, condition: Callable[[], Any], timeout: float = 60.0) -> None:
         wait_for(condition, timeout, what=getattr(condition, "__doc__", None) or "the scenario's condition")
 
     def quiet(self, services: tuple[str, ...]) -> None:
-        self.records.barrier(self.producer, services)
+        self.records.barrier(self.producer, services, workers=2 if self.typed else 1)
 
     def module(self, service: str) -> Any:
         self.service_app(service)  # loaded afresh for this test's vhost, closed with the test
@@ -137,7 +145,7 @@ class BrokerMode(Mode):
     def deploy_fix(self, *services: str) -> None:
         for service in services:
             self.processes.pop(service).stop()
-            self.processes[service] = self.worker(service, env={**self.env, "FIXED": "1"})
+            self.processes[service] = self.start_worker(service, {**self.env, "FIXED": "1"})
 
 
 def archived_in(mode: Mode, service: str, count: int) -> list[ArchivedMessage]:

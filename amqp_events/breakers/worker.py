@@ -112,6 +112,15 @@ class WorkerBreakers:
             with self.outcomes.get_lock():
                 self.outcomes[2 * slot + failed] += 1
 
+    def open_queues(self) -> set[str]:
+        """The queues of handlers (with a queue of their own) whose breaker is open, as the main process last set
+        it: those a pool process that consumes stops consuming."""
+        return {
+            self.handlers[task].queue
+            for task, slot in self.slots.items()
+            if task not in self.sharing and self.shared[slot] == State.OPEN
+        }
+
     def paused_queues(self) -> set[str]:
         """The queues this worker does not consume now: those of handlers (with a queue of their own) whose
         breaker is not closed."""

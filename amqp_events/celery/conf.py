@@ -18,6 +18,7 @@ from celery.apps.worker import Worker
 from celery.utils.log import task_logger
 from celery.utils.nodenames import default_nodename, gethostname, host_format, nodename
 
+from amqp_events.celery.pool import ConsumingPool, chosen_by_default
 from amqp_events.errors import SettingsFrozen
 from amqp_events.middleware.logs import JsonFormatter
 from amqp_events.settings import SETTING_PREFIX, raw_settings
@@ -89,6 +90,17 @@ class EventsWorker(Worker):  # type: ignore[misc]
         if not hostname or hostname == host_format(default_nodename(None)):
             hostname = nodename(f"{(app or self.app).service}-{os.getpid()}", gethostname())
         super().__init__(app=app, hostname=hostname, **kwargs)
+
+    def setup_instance(self, *args: Any, **kwargs: Any) -> None:
+        """``celery worker`` with no pool named runs the consuming pool (:mod:`amqp_events.celery.pool`).
+
+        Upstream: ``setup_defaults`` runs twice (5.5: again from ``on_after_init``); the pool class is read here.
+        """
+        if chosen_by_default(self.app.conf):
+            self.pool_cls = ConsumingPool
+        super().setup_instance(*args, **kwargs)  # the pool is made here, and started later
+        if isinstance(self.pool, ConsumingPool):
+            self.pool.worker = self
 
     def setup_logging(self, colorize: bool | None = None) -> Any:
         """With ``amqp_events_log_format = "json"``, every line the worker logs is a JSON object.

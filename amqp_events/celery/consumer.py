@@ -37,6 +37,7 @@ from amqp_events.celery.loop import LoopWaker, acks_now
 from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.settling import Archiver, ChannelSettler
+from amqp_events.celery.steps import consumes_in_processes
 from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
 from amqp_events.core.context import ServiceContext
@@ -156,6 +157,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         return self._dispatcher
 
     def create_task_handler(self, promise: Callable[..., Any] = promise) -> Callable[[Message], Any]:
+        if consumes_in_processes(self.pool):  # the pool's processes consume: this process, none of the queues
+            for queue in list(self.task_consumer.queues):
+                self.task_consumer.cancel_by_queue(queue.name)
+            return self.on_message_of_no_queue
         self._dispatcher = self.make_dispatcher(promise)
         self.hold_acks()
 
@@ -168,6 +173,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             return None
 
         return on_task_received
+
+    def on_message_of_no_queue(self, message: Message) -> None:
+        logger.warning("the main process of a consuming pool received a message: returned to its queue")
+        message.reject(requeue=True)
 
     def make_dispatcher(self, promise: Callable[..., Any]) -> Dispatcher:
         pool = self.pool
@@ -248,7 +257,7 @@ def warn_of_unverified_authors(context: ServiceContext) -> None:
 
 def warn_of_time_limits(app: Any, pool: Any) -> None:
     """Upstream: only the prefork pool enforces Celery's time limits; with the others they silently do nothing."""
-    if type(pool).__module__ == "celery.concurrency.prefork":
+    if type(pool).__module__ == "celery.concurrency.prefork" or getattr(pool, "enforces_time_limits", False):
         return
     conf = app.conf
     limited = sorted(
@@ -261,8 +270,8 @@ def warn_of_time_limits(app: Any, pool: Any) -> None:
     )
     if limited:
         logger.warning(
-            "time_limit/soft_time_limit of %s: the %s pool does not enforce them (only prefork does); a handler "
-            "runs until it returns",
+            "time_limit/soft_time_limit of %s: the %s pool does not enforce them (prefork and the consuming pool "
+            "do); a handler runs until it returns",
             ", ".join(limited),
             type(pool).__module__.rsplit(".", 1)[-1],
         )

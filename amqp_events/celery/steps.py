@@ -113,7 +113,10 @@ class BreakerControl(bootsteps.StartStopStep):  # type: ignore[misc]
         breakers = breakers_of(c.app)
         if breakers is None:
             return
-        breakers.start(pause=lambda queue: _stop_consuming(c, queue), resume=lambda queue: _start_consuming(c, queue))
+        if consumes_in_processes(c.pool):  # its processes follow the breakers' states themselves
+            breakers.start(pause=ignore, resume=ignore)
+        else:
+            breakers.start(pause=lambda queue: stop_consuming(c, queue), resume=lambda queue: start_consuming(c, queue))
         if self.timer_entry is None:
             self.timer_entry = c.timer.call_repeatedly(TICK, breakers.tick)
 
@@ -129,13 +132,22 @@ class BreakerControl(bootsteps.StartStopStep):  # type: ignore[misc]
             breakers.stop()
 
 
-def _stop_consuming(c: Any, queue: str) -> None:
+def consumes_in_processes(pool: Any) -> bool:
+    """Is ``pool`` one whose processes consume (:mod:`amqp_events.celery.pool`), the main process consuming nothing?"""
+    return bool(getattr(pool, "consumes_in_processes", False))
+
+
+def ignore(queue: str) -> None:
+    """The main process of a consuming pool pauses and resumes nothing: it consumes no event queue."""
+
+
+def stop_consuming(c: Any, queue: str) -> None:
     """Upstream: the consumer's ``task_consumer`` is a kombu ``Consumer`` over every consumed queue."""
     if c.task_consumer is not None:
         c.task_consumer.cancel_by_queue(queue)
 
 
-def _start_consuming(c: Any, queue: str) -> None:
+def start_consuming(c: Any, queue: str) -> None:
     task_consumer = c.task_consumer
     if task_consumer is not None and not task_consumer.consuming_from(queue):
         task_consumer.add_queue(c.app.amqp.queues[queue])

@@ -244,13 +244,13 @@ def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
     )
 
 
-def requeue_later(delivery: Delivery, now: datetime, wait: int = 0) -> Redeliver:
-    """A message taken while its handler's breaker was open goes back unrun (after ``wait`` seconds on the
-    broker), its counters unchanged."""
+def requeue_later(delivery: Delivery, now: datetime, wait: int = 0, error: Exception | None = None) -> Redeliver:
+    """A message taken while its handler's breaker was open (or while its process stops: ``error`` says) goes
+    back unrun (after ``wait`` seconds on the broker), its counters unchanged."""
     headers = copy_headers(delivery.headers, delivery.retries)
     if LOST_RUNS in delivery.headers:  # a per-copy count, but this copy is the same delivery again
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
-    error = BreakerOpen("the handler's circuit breaker is open")
+    error = error or BreakerOpen("the handler's circuit breaker is open")
     return Redeliver(republish(delivery, headers, wait, now), wait, error, why="requeue_later")
 
 

@@ -18,11 +18,13 @@ from amqp_events.local.processes import alive
 WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
 
 
-def worker_argv(app: str, *extra: str, pool: str = "solo", concurrency: int = 1, name: str = "worker") -> list[str]:
-    """``python -m celery -A app worker`` with the recommended flags."""
+def worker_argv(
+    app: str, *extra: str, pool: str | None = "solo", concurrency: int = 1, name: str = "worker"
+) -> list[str]:
+    """``python -m celery -A app worker`` with the recommended flags (``pool=None``: no ``-P``, as users type it)."""
     return [
-        sys.executable, "-m", "celery", "-A", app, "worker", *WORKER_FLAGS,
-        "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "--loglevel=INFO", *extra,
+        sys.executable, "-m", "celery", "-A", app, "worker", *WORKER_FLAGS, *(["-P", pool] if pool else []),
+        "-c", str(concurrency), "-n", f"{name}@%h", "--loglevel=INFO", *extra,
     ]  # fmt: skip
 
 

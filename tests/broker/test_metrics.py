@@ -9,13 +9,17 @@ from amqp_events.exporter import Exporter
 from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 
+#: The consuming pool chosen by name, as its module's text says (-P custom).
+CONSUMING = {"CELERY_CUSTOM_WORKER_POOL": "amqp_events.celery.pool:ConsumingPool"}
 
-@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("prefork", 2)])
+
+@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("prefork", 2), ("custom", 2)])
 def test_worker_metrics_count_outcomes_failures_durations_and_archives(
     pool, concurrency, worker, producer, records, archive_of
 ):
     port = free_port()
-    worker("orders", pool=pool, concurrency=concurrency, env={"AMQP_EVENTS_METRICS_PORT": str(port)})
+    env = {"AMQP_EVENTS_METRICS_PORT": str(port), **(CONSUMING if pool == "custom" else {})}
+    worker("orders", pool=pool, concurrency=concurrency, env=env)
     for n in range(4):
         producer.fire("test.ping", [f"ok{n}"], {})
     producer.fire("test.ping", ["flaky"], {"how": {"fail_times": 1}})
