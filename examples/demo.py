@@ -33,8 +33,8 @@ from amqp_events.local.broker import LocalBroker  # noqa: E402
 from amqp_events.testing import json_lines  # noqa: E402
 from amqp_events.testing.workers import WorkerProcess, worker_argv  # noqa: E402
 
-SERVICES = {  # service -> (pool, concurrency)
-    "orders": ("prefork", 2),
+SERVICES: dict[str, tuple[str | None, int]] = {  # service -> (pool, concurrency); None: no -P, as users type it
+    "orders": (None, 2),
     "shipping": ("solo", 1),
     "notifications": ("solo", 1),
 }
@@ -70,7 +70,7 @@ def main() -> int:
             workers.append(WorkerProcess(argv, env, HERE, workdir / f"{service}.log").start())
         for worker in workers:
             worker.wait_ready(60)
-        say("workers ready: " + ", ".join(f"{s} ({p}, {c})" for s, (p, c) in SERVICES.items()))
+        say("workers ready: " + ", ".join(f"{s} ({p or 'the default pool'}, {c})" for s, (p, c) in SERVICES.items()))
 
         os.environ["BROKER_URL"] = node.url
         import billing

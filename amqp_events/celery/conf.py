@@ -19,7 +19,7 @@ from celery.utils.log import task_logger
 from celery.utils.nodenames import default_nodename, gethostname, host_format, nodename
 
 from amqp_events.celery.pool import ConsumingPool, chosen_by_default
-from amqp_events.errors import SettingsFrozen
+from amqp_events.errors import SettingsFrozen, WorkerStartError
 from amqp_events.middleware.logs import JsonFormatter
 from amqp_events.settings import SETTING_PREFIX, raw_settings
 
@@ -98,6 +98,10 @@ class EventsWorker(Worker):  # type: ignore[misc]
         """
         if chosen_by_default(self.app.conf):
             self.pool_cls = ConsumingPool
+        if kwargs.get("autoscale") and self.pool_cls in (ConsumingPool, "amqp_events.celery.pool:ConsumingPool"):
+            raise WorkerStartError(
+                "--autoscale is not supported by the consuming pool (the default): give -c N, or -P prefork"
+            )
         super().setup_instance(*args, **kwargs)  # the pool is made here, and started later
         if isinstance(self.pool, ConsumingPool):
             self.pool.worker = self

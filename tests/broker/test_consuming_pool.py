@@ -140,3 +140,9 @@ def test_remote_control_reaches_the_main_process_and_breakers_stop_the_processes
     cli("breakers", "close", "on_ping")
     wait_for(lambda: consumers() == 2, 30, what="both consuming again")
     records.wait(1, id=held)
+
+
+def test_autoscale_is_refused_with_the_way_out(worker):
+    process = worker("orders", "--autoscale", "4,2", as_written=True, ready=False)
+    assert process.wait(60) not in (None, 0)
+    assert "--autoscale is not supported by the consuming pool (the default): give -c N, or -P prefork" in process.log()

@@ -23,7 +23,7 @@ from typing import Any
 #: count of returns decides for the others).
 RUNS_PER_SLOT = 4
 #: Lost runs remembered until their message comes back (the oldest are forgotten first).
-LOST_KEPT = 256
+LOST_KEPT = 64
 KEY_BYTES = 200
 
 
@@ -83,11 +83,11 @@ class Shared:
         (in a slot, or among the lost runs), the process that ran it died (or lost its connection) before an
         outcome. The entry is then forgotten: the copy sent back for the loss is another run."""
         with self.lock:
-            for array, count in [(self.lost, LOST_KEPT), *((runs, RUNS_PER_SLOT) for runs in self.runs)]:
-                for index, found in enumerate(_entries(array, count)):
-                    if found == key:
-                        _put(array, index, b"")
-                        return True
+            for array in (self.lost, *self.runs):
+                index = _find(array, key)
+                if index is not None:
+                    _put(array, index, b"")
+                    return True
         return False
 
 
@@ -140,6 +140,15 @@ class SlotRuns:
         deadline, index = min(self.deadlines.values())
         self.shared.deadline_of[self.slot] = index  # first: a reader that sees the deadline sees its handler
         self.shared.deadline[self.slot] = deadline
+
+
+def _find(array: Any, key: bytes) -> int | None:
+    """The entry of ``array`` that holds ``key`` (a search of the raw bytes: this runs for every message)."""
+    raw, wanted = array.raw, key.ljust(KEY_BYTES, b"\0")
+    at = raw.find(wanted)
+    while at != -1 and at % KEY_BYTES:
+        at = raw.find(wanted, at + 1)
+    return None if at == -1 else at // KEY_BYTES
 
 
 def _entries(array: Any, count: int) -> list[bytes]:
