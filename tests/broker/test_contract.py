@@ -185,7 +185,9 @@ def test_replaying_the_archive_after_a_fix_handles_each_message_once(mode, recor
     archived_in(mode, "orders", 3)
     mode.deploy_fix("orders")
     report = mode.archive("orders").replay()
-    assert report.replayed == ids and report.unroutable == []
+    # In the archive's order: the order they failed in, which two processes side by side may not keep.
+    replayed = sorted(report.replayed) if getattr(mode, "typed", False) else report.replayed
+    assert replayed == (sorted(ids) if getattr(mode, "typed", False) else ids) and report.unroutable == []
     mode.until(lambda: all(len(records.all(id=event_id)) == 2 for event_id in ids))
     mode.quiet(("orders",))
     for event_id in ids:  # failed once, then handled once after the replay (the attempt count reset)

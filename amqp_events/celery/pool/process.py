@@ -48,6 +48,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Lost, Outcome, decide, requeue_later
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import ProcessStopping
+from amqp_events.wire.message import X_DELIVERY_COUNT
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,9 @@ class ProcessLimits(Middleware):
         if self.stopping.why is not None and not attempt.handler.ordered:  # taken in the loop's last turn
             return requeue_later(delivery, attempt.context.now(), error=ProcessStopping(self.stopping.why))
         key = run_key(attempt.handler.task_name, delivery.event_id, delivery.retries, delivery.lost_runs)
-        if self.slot.shared.was_lost(key):  # its process died running it: counted, as the prefork pool does
+        # Only a message the broker says came back (its count of returns, which the router keeps on redeliveries
+        # alone) can be a lost run: a sender's fresh copy under the same id never is, nor clears the entry.
+        if X_DELIVERY_COUNT in delivery.headers and self.slot.shared.was_lost(key):  # counted, as prefork does
             return decide(delivery, Lost(), attempt.context.handling(attempt.handler), attempt.context.now())
         self.places[id(attempt)] = self.slot.started(key)
         return None

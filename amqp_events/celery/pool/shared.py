@@ -108,8 +108,7 @@ class SlotRuns:
         """A run began: its place in the slot (``None``: the slot is full)."""
         self.shared.ran[self.slot] = 1
         with self.shared.lock:
-            entries = _entries(self.shared.runs[self.slot], RUNS_PER_SLOT)
-            free = next((index for index, found in enumerate(entries) if not found), None)
+            free = _find(self.shared.runs[self.slot], b"")  # an empty entry
             if free is not None:
                 _put(self.shared.runs[self.slot], free, key)
             return free
