@@ -9,7 +9,7 @@ import sys
 from bench.harness import APPS, Bench, median
 from bench.scenarios import Result, Size, drain, ours_app
 
-MODES = ("absent", "idle", "on")
+MODES = ("absent", "idle", "on", "sampled")
 
 
 def firing(bench: Bench, size: Size) -> list[Result]:
@@ -18,7 +18,7 @@ def firing(bench: Bench, size: Size) -> list[Result]:
     with bench.run("tracing-fire") as run:
         ours_app(run).declare_topology()  # the event's queue exists: every publish is routed
         for round_ in range(size.fire_rounds):
-            for mode in MODES[round_ % 3 :] + MODES[: round_ % 3]:  # each mode first in turn: the queue grows
+            for mode in MODES[round_ % 4 :] + MODES[: round_ % 4]:  # each mode first in turn: the queue grows
                 argv = [sys.executable, str(APPS / "traced_fire.py"), str(size.fire_per_round)]
                 done = subprocess.run(
                     argv, env={**run.env(), "TRACING": mode}, cwd=APPS, capture_output=True, text=True, timeout=300
@@ -33,14 +33,14 @@ def handling(bench: Bench, size: Size) -> list[Result]:
     """Events/s one solo worker handles, ``size.drain`` waiting, in each mode."""
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     for repeat in range(size.repeats):
-        for mode in MODES[repeat % 3 :] + MODES[: repeat % 3]:
+        for mode in MODES[repeat % 4 :] + MODES[: repeat % 4]:
             rates[mode].append(drain(bench, size, "ours", "solo", 1, worker_env={"TRACING": mode}))
     return _compared(f"handling {size.drain:,} waiting events, -P solo", rates, "events/s", 0.9)
 
 
 def _compared(what: str, rates: dict[str, list[float]], unit: str, target: float) -> list[Result]:
-    absent, idle, on = (median(rates[mode]) for mode in MODES)
-    traced, untraced = on / absent, idle / absent
+    absent, idle, on, sampled = (median(rates[mode]) for mode in MODES)
+    traced, untraced, one_in_ten = on / absent, idle / absent, sampled / absent
     return [
         Result(
             f"{what}, traced (SDK, batch exporter)",
@@ -50,6 +50,15 @@ def _compared(what: str, rates: dict[str, list[float]], unit: str, target: float
             f">= {target:g}x without tracing",
             traced >= target,
             {"traced": on, "no extra": absent},
+        ),
+        Result(
+            f"{what}, traced, one trace in ten sampled (ParentBased(TraceIdRatioBased(0.1)))",
+            f"{sampled:,.0f} {unit}",
+            f"without the [otel] extra: {absent:,.0f} {unit}",
+            one_in_ten,
+            f">= {target:g}x without tracing",
+            one_in_ten >= target,
+            {"1 in 10 sampled": sampled, "no extra": absent},
         ),
         Result(
             f"{what}, [otel] installed, no tracer provider",

@@ -102,13 +102,16 @@ class Tracing(Middleware):
             return
         message, context = firing.message, firing.context
         event = message.event
-        attributes = {
-            **_messaging("publish", "send", message.exchange, event, message.message_id),
-            "amqp_events.service": context.name,
-            "amqp_events.event": event,
-            "amqp_events.delay_seconds": firing.delay,
-        }
+        attributes = _messaging("publish", "send", message.exchange, event, message.message_id)
         span = self._tracer().start_span(f"publish {event}", kind=SpanKind.PRODUCER, attributes=attributes)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "amqp_events.service": context.name,
+                    "amqp_events.event": event,
+                    "amqp_events.delay_seconds": firing.delay,
+                }
+            )
         carrier: dict[str, Any] = {}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
         firing.message = replace(message, headers={**message.headers, **carrier})
@@ -130,34 +133,30 @@ class Tracing(Middleware):
     def before_handle(self, attempt: Attempt) -> Outcome | None:
         if not self.on():
             return None
-        delivery, context, handler = attempt.delivery, attempt.context, attempt.handler
+        delivery = attempt.delivery
         headers = delivery.headers
         producer = propagate.extract(headers)
         links = _links(producer, headers.get(REPLAY_TRACEPARENT))
+        if links and not any(link.context.trace_flags.sampled for link in links):
+            # Sampled out where it was fired (and replayed): the attempt is not recorded either, nor what its
+            # handler traces. The decision is made once, at the trace's head, as ParentBased samplers make it.
+            attempt.state["token"] = otel_context.attach(producer)
+            return None
         if trace.get_current_span().is_recording():
             # Celery's own instrumentation opened a span for this task (the producer's child): nest in it,
             # so that both make one tree.
             parent: Context | None = None
         else:
             parent = producer if self.as_child else Context()
-        attributes: dict[str, Any] = {
-            **_messaging("process", "process", delivery.exchange, delivery.event, delivery.event_id),
-            "messaging.destination.subscription.name": delivery.queue,
-            "amqp_events.service": context.name,
-            "amqp_events.handler": handler.name if handler is not None else "",
-            "amqp_events.event": delivery.event,
-            "amqp_events.attempt": delivery.retries + 1,
-            "amqp_events.retries": delivery.retries,
-            "amqp_events.fired_by": str(headers.get(FIRED_BY, "")),
-        }
-        if headers.get(DUE_AT):
-            attributes["amqp_events.due_at"] = str(headers[DUE_AT])
-        wait = queue_wait(headers, context.now())
-        if wait is not None:
-            attributes["amqp_events.queue_wait_seconds"] = wait
         span = self._tracer().start_span(
-            f"process {delivery.event}", context=parent, kind=SpanKind.CONSUMER, links=links, attributes=attributes
+            f"process {delivery.event}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            links=links,
+            attributes=_messaging("process", "process", delivery.exchange, delivery.event, delivery.event_id),
         )
+        if span.is_recording():  # what a sampler that drops it would have cost to build
+            span.set_attributes(_attempt_attributes(attempt))
         attempt.state["span"] = span
         attempt.state["token"] = otel_context.attach(trace.set_span_in_context(span))
         return None
@@ -182,9 +181,7 @@ class Tracing(Middleware):
         return outcome
 
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
-        span = attempt.state.pop("span", None)
-        if span is not None:
-            _end(span, attempt.state)
+        _end(attempt.state.pop("span", None), attempt.state)
 
     # -- replaying ---------------------------------------------------------------------------------------------
 
@@ -225,7 +222,29 @@ def _end(span: Any, state: dict[str, Any]) -> None:
     token = state.pop("token", None)
     if token is not None:
         otel_context.detach(token)
-    span.end()
+    if span is not None:
+        span.end()
+
+
+def _attempt_attributes(attempt: Attempt) -> dict[str, Any]:
+    """What a recorded attempt's span says beyond the messaging conventions."""
+    delivery, context, handler = attempt.delivery, attempt.context, attempt.handler
+    headers = delivery.headers
+    attributes: dict[str, Any] = {
+        "messaging.destination.subscription.name": delivery.queue,
+        "amqp_events.service": context.name,
+        "amqp_events.handler": handler.name if handler is not None else "",
+        "amqp_events.event": delivery.event,
+        "amqp_events.attempt": delivery.retries + 1,
+        "amqp_events.retries": delivery.retries,
+        "amqp_events.fired_by": str(headers.get(FIRED_BY, "")),
+    }
+    if headers.get(DUE_AT):
+        attributes["amqp_events.due_at"] = str(headers[DUE_AT])
+    wait = queue_wait(headers, context.now())
+    if wait is not None:
+        attributes["amqp_events.queue_wait_seconds"] = wait
+    return attributes
 
 
 def _messaging(operation: str, kind: str, exchange: str, routing_key: str, message_id: str) -> dict[str, Any]:

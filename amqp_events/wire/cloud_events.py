@@ -69,6 +69,12 @@ WIRE_FORMATS = ("celery", "cloudevents")
 #: ``application/vnd.x+json``, with parameters).
 _JSON_MEDIA_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9\-\.]+\+)?json(;.*)?$")
 _MAX_ID = 64
+#: The attributes binary mode usually carries, read here as the SDK would read them but without building its event
+#: (nobody reads that event: the attributes become headers, the data the body as it came).
+_PLAIN_ATTRIBUTES = frozenset(("specversion", "id", "source", "type", "time", "subject", PARTITION_KEY, "traceparent"))
+#: RFC 3339's date-time, in the forms ``datetime.fromisoformat`` of every supported Python reads as the SDK does.
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3}|\.\d{6})?(Z|[+-]\d\d:\d\d)\Z")
+_EMBED_JSON = json_body(EMPTY_EMBED)
 _EXTRAS = "install 'celery-amqp-events[cloudevents]>=0.3' to read CloudEvents"
 
 
@@ -78,6 +84,8 @@ class ReadEvent:
 
     attributes: dict[str, str]
     kwargs: dict[str, Any]
+    #: The data as it came, when it is the JSON object ``kwargs`` was read from: the body is built around it.
+    data: bytes | None = None
 
     @property
     def headers(self) -> dict[str, Any]:
@@ -96,6 +104,8 @@ class ReadEvent:
 
     @property
     def body(self) -> bytes:
+        if self.data is not None:  # parsed whole as one JSON object: nothing outside it can change the body's shape
+            return b"[[], " + self.data + b", " + _EMBED_JSON + b"]"
         return json_body([[], self.kwargs, EMPTY_EMBED])
 
 
@@ -114,16 +124,37 @@ def is_cloud_event(headers: Mapping[str, Any], content_type: str | None) -> bool
 
 def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> ReadEvent:
     """The CloudEvent in a message, in the library's terms; :class:`~amqp_events.errors.Refused` says why not."""
+    return _read(_split(headers)[0], body, content_type, _media_type(content_type))
+
+
+def as_event_message(
+    headers: Mapping[str, Any], body: bytes, content_type: str | None
+) -> tuple[dict[str, Any], bytes] | None:
+    """The headers and JSON body of a CloudEvent read into the library's form, its other headers kept;
+    ``None`` for a message that is not a CloudEvent. Raises :class:`~amqp_events.errors.Refused` for one
+    that cannot be read (it is then archived as it arrived)."""
+    if "task" in headers:  # the library's own form (or read from a CloudEvent before)
+        return None
+    media_type = _media_type(content_type)
+    prefixed, kept = _split(headers)
+    if not prefixed and not media_type.startswith("application/cloudevents"):
+        return None
+    event = _read(prefixed, body, content_type, media_type)
+    if "traceparent" in event.attributes:  # the distributed tracing extension: the same W3C context
+        kept.setdefault("traceparent", event.attributes["traceparent"])
+    return {**kept, **event.headers}, event.body
+
+
+def _read(prefixed: dict[str, Any], body: bytes, content_type: str | None, media_type: str) -> ReadEvent:
+    """:func:`read`, given the attribute headers (:func:`_split`) and the media type."""
     try:
         sdk = _sdk()
     except ImportError:
         raise Refused(Reason.UNDECODABLE, f"the message is a CloudEvent: {_EXTRAS}") from None
     amqp, rabbitmq, json_format, CloudEvent = sdk.amqp, sdk.rabbitmq, sdk.json_format, sdk.CloudEvent
-    media_type = _media_type(content_type)
     structured = media_type.startswith("application/cloudevents")
     if structured and media_type != STRUCTURED:
         raise Refused(Reason.FORBIDDEN_CONTENT_TYPE, f"CloudEvents in {media_type!r} are not read, only {STRUCTURED}")
-    prefixed = {} if structured else _prefixed(headers)  # the attribute headers, scanned for once
     attributes = _structured_attributes(body) if structured else _binary_attributes(prefixed)
     _check_required(attributes)
     datacontenttype = str(attributes.get("datacontenttype") or content_type or JSON)
@@ -131,6 +162,9 @@ def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> R
         raise Refused(
             Reason.FORBIDDEN_CONTENT_TYPE, f"the CloudEvent's data is {datacontenttype!r}: only JSON data is accepted"
         )
+    plainly = None if structured else _read_plainly(prefixed, attributes, body, datacontenttype)
+    if plainly is not None:
+        return plainly
     try:
         if structured:
             event = rabbitmq.from_structured(rabbitmq.RabbitMQMessage({}, content_type, body), json_format, CloudEvent)
@@ -142,22 +176,10 @@ def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> R
             event = rabbitmq.from_binary(in_rabbitmq, json_format, CloudEvent)
     except (sdk.BaseCloudEventException, ValueError, TypeError, OverflowError) as exc:
         raise Refused(Reason.INVALID_CLOUDEVENT, f"not a valid CloudEvent {SPECVERSION}: {exc}") from None
-    return ReadEvent(_attribute_strings(event.get_attributes()), _kwargs(event.get_data(), body, structured))
-
-
-def as_event_message(
-    headers: Mapping[str, Any], body: bytes, content_type: str | None
-) -> tuple[dict[str, Any], bytes] | None:
-    """The headers and JSON body of a CloudEvent read into the library's form, its other headers kept;
-    ``None`` for a message that is not a CloudEvent. Raises :class:`~amqp_events.errors.Refused` for one
-    that cannot be read (it is then archived as it arrived)."""
-    if not is_cloud_event(headers, content_type):
-        return None
-    event = read(headers, body, content_type)
-    kept = {key: value for key, value in headers.items() if not key.startswith(PREFIXES)}
-    if "traceparent" in event.attributes:  # the distributed tracing extension: the same W3C context
-        kept.setdefault("traceparent", event.attributes["traceparent"])
-    return {**kept, **event.headers}, event.body
+    read_attributes = _attribute_strings(event.get_attributes())
+    if "time" not in attributes:  # the SDK makes one up (now): an event that says no time was fired at no known time
+        del read_attributes["time"]
+    return ReadEvent(read_attributes, _kwargs(event.get_data(), body, structured))
 
 
 def attributes_of(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> dict[str, str]:
@@ -172,7 +194,7 @@ def attributes_of(headers: Mapping[str, Any], body: bytes, content_type: str | N
             return _attribute_strings(_structured_attributes(body))
         except Refused:
             return {}
-    return _attribute_strings(_binary_attributes(_prefixed(headers)))
+    return _attribute_strings(_binary_attributes(_split(headers)[0]))
 
 
 def binary_headers(name: str, event_id: str, source: str, time: datetime, key: str | None = None) -> dict[str, str]:
@@ -225,18 +247,52 @@ def _media_type(content_type: str | None) -> str:
     return (content_type or "").split(";", 1)[0].strip().lower()
 
 
-def _prefixed(headers: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: _plain(value) for key, value in headers.items() if key.startswith(PREFIXES)}
+def _split(headers: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Binary mode's attribute headers (as text where they came as bytes or a timestamp), and the other headers."""
+    prefixed: dict[str, Any] = {}
+    others: dict[str, Any] = {}
+    for key, value in headers.items():
+        if key.startswith(PREFIXES):
+            prefixed[key] = value if type(value) is str else _plain(value)
+        else:
+            others[key] = value
+    if any(key.startswith("ce-") for key in prefixed):  # RabbitMQ's: the AMQP binding's beside it are not read
+        prefixed = {key: value for key, value in prefixed.items() if key.startswith("ce-")}
+    return prefixed, others
 
 
 def _binary_attributes(prefixed: Mapping[str, Any]) -> dict[str, Any]:
-    """Attribute names and values of the headers :func:`_prefixed` found."""
+    """Attribute names and values of the headers :func:`_split` found."""
     return {_unprefixed(key): value for key, value in prefixed.items()}
 
 
 def _unprefixed(key: str) -> str:
-    prefix = next(prefix for prefix in PREFIXES if key.startswith(prefix))
-    return key[len(prefix) :].lower()
+    return key[3 if key.startswith("ce-") else 12 :].lower()  # the AMQP binding's two prefixes are as long
+
+
+def _read_plainly(
+    prefixed: Mapping[str, Any], attributes: dict[str, Any], body: bytes, datacontenttype: str
+) -> ReadEvent | None:
+    """Binary mode's common case, read to what the SDK's reading gives: ``ce-`` headers of the attributes above
+    only, each once, as non-empty text, a time in RFC 3339, and data that is JSON. ``None`` for anything else:
+    the SDK reads it then, and says what is wrong."""
+    if len(attributes) != len(prefixed) or not attributes.keys() <= _PLAIN_ATTRIBUTES:
+        return None  # an attribute twice (``ce-ID`` beside ``ce-id``), or one the SDK has rules of its own for
+    if not next(iter(prefixed)).startswith("ce-"):  # the AMQP binding's prefixes (then none is ``ce-``)
+        return None
+    if not all(isinstance(value, str) and value for value in attributes.values()):
+        return None
+    time = attributes.get("time")
+    try:
+        if time is not None:
+            if not _RFC3339.match(time):
+                return None
+            attributes = {**attributes, "time": isoformat(datetime.fromisoformat(time.replace("Z", "+00:00")))}
+        data = json.loads(body.decode("utf-8")) if body else None
+    except ValueError:  # no such day or time, or data that is not JSON (UnicodeDecodeError is one)
+        return None
+    attributes = {**attributes, "datacontenttype": datacontenttype}
+    return ReadEvent(attributes, _kwargs(data, body, False), body if isinstance(data, dict) else None)
 
 
 def _structured_attributes(body: bytes) -> dict[str, Any]:

@@ -137,6 +137,10 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+#: What py-amqp reads a field that holds no other fields as: nothing to walk for depth (a lookup, once per header).
+_FLAT = frozenset((str, bytes, int, float, bool, type(None), datetime, Decimal))
+
+
 def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
     """How deep ``value`` nests (a scalar is 0), counted up to ``limit + 1`` (deeper is not walked)."""
     deepest, todo = 0, [(value, 0)]
@@ -162,7 +166,7 @@ def malformed(headers: Mapping[Any, Any], complete: bool = True) -> dict[Any, st
     for key, value in headers.items():
         if not isinstance(key, str):
             wrong[key] = "a header name must be a UTF-8 string"
-        elif depth(value) > MAX_HEADER_DEPTH:
+        elif type(value) not in _FLAT and depth(value) > MAX_HEADER_DEPTH:
             wrong[key] = f"nested more than {MAX_HEADER_DEPTH} deep"
         elif key in EXPECTED and not EXPECTED[key][0](value):
             wrong[key] = f"must be {EXPECTED[key][1]}, not {_shown(value)}"

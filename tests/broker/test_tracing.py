@@ -196,6 +196,19 @@ def test_with_celerys_own_instrumentation_there_is_one_tree(traced, spans, broke
         assert links(span) == [context(producer)]
 
 
+def test_an_event_sampled_out_where_it_was_fired_is_not_recorded_where_it_is_handled(traced, spans, broker_url):
+    """Head sampling: the decision made where the trace began holds for every attempt (the worker's sampler
+    records everything; the first producer's samples nothing)."""
+    traced("mailer")  # archived at its first attempt; a solo worker ends one event before it takes the next
+    argv = (sys.executable, "-m", "services.traced")
+    sampled_out = run(*argv, "21", spans=spans, broker_url=broker_url, OTEL_TRACES_SAMPLER="always_off").strip()
+    sampled = fire(22, spans, broker_url)
+    spans.wait(1, "process test.traced")
+    recorded = {span["attributes"]["messaging.message.id"] for span in spans.all()}
+    assert sampled_out not in recorded
+    assert recorded == {sampled}
+
+
 def test_without_a_tracer_provider_there_are_no_spans_and_no_trace_headers(start_worker, broker_url, producer):
     from amqp_events.core.context import Firing
     from amqp_events.middleware import tracing

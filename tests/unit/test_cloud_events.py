@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Literal
+from unittest.mock import patch
 
 import pytest
 from cloudevents.core.bindings import amqp, rabbitmq
 from cloudevents.core.formats.json import JSONFormat
 from cloudevents.core.v1.event import CloudEvent
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kombu.message import Message
 
 from amqp_events import Reason, events_app
@@ -24,7 +27,8 @@ from amqp_events.core.arguments import by_name
 from amqp_events.core.router import read_in_place
 from amqp_events.errors import Refused as Unreadable
 from amqp_events.middleware.cloud_events import CloudEventsReader
-from amqp_events.wire.cloud_events import CLOUDEVENT, attributes_of, is_cloud_event, read
+from amqp_events.wire import cloud_events
+from amqp_events.wire.cloud_events import CLOUDEVENT, PREFIXES, attributes_of, is_cloud_event, read
 from amqp_events.wire.message import JSON
 
 TIME = datetime(2026, 11, 23, 9, 30, tzinfo=timezone.utc)
@@ -254,3 +258,42 @@ def test_a_typed_event_fired_as_a_cloud_event_reaches_its_handler_as_an_instance
     assert fired.kwargs == {"order_id": 7, "lines": [{"sku": "sku-1", "quantity": 2}], "carrier": "dhl"}
     [shipped] = received
     assert (type(shipped).__name__, shipped.order_id, shipped.carrier, fired.id) == ("Shipped", 7, "dhl", event_id)
+
+
+NAMES = ("specversion", "id", "source", "type", "time", "subject", "partitionkey", "traceparent", "datacontenttype",
+         "dataschema", "data", "Type", "x_y", "comexampleext")  # fmt: skip
+TIMES = st.one_of(
+    st.datetimes(timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30))])).map(
+        lambda moment: moment.isoformat().replace("+00:00", "Z")
+    ),
+    st.from_regex(r"\A\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,7})?(Z|[+-]\d\d:\d\d)?\Z"),
+    st.text(max_size=12),
+)
+VALUES = st.one_of(st.text(max_size=8), st.sampled_from(["1.0", "0.3"]), TIMES, st.integers(), st.binary(max_size=4))
+BODIES = st.one_of(
+    st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3).map(
+        lambda data: json.dumps(data).encode()
+    ),
+    st.sampled_from([b"", b"[1]", b'"text"', b"{not json", b"\xff\xfe", b' {"a": 1} ', b'{"a": 1} {"b": 2}']),
+)
+CE_HEADERS = st.dictionaries(
+    st.tuples(st.sampled_from(PREFIXES), st.sampled_from(NAMES)).map("".join), VALUES, max_size=9
+).map(lambda headers: {**headers, "ce-specversion": "1.0", "ce-id": "1", "ce-source": "s", "ce-type": "t"})
+
+
+def outcome(headers, body):
+    try:
+        event = read(headers, body, JSON)
+    except Unreadable as refused:
+        return refused.reason
+    return event.attributes, event.kwargs, json.loads(event.body)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(CE_HEADERS, CE_HEADERS.map(lambda headers: {key: str(value) for key, value in headers.items()})),
+       BODIES)  # fmt: skip
+def test_binary_mode_is_read_as_the_sdk_reads_it(headers, body):
+    """The common case is read without building the SDK's event: whatever comes, it reads what the SDK reads."""
+    with patch.object(cloud_events, "_read_plainly", lambda *_: None):
+        by_the_sdk = outcome(headers, body)
+    assert outcome(headers, body) == by_the_sdk
