@@ -12,12 +12,15 @@ processes that decode each body and ack it: the ceiling of a Python consumer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from faststream.rabbit import RabbitBroker, RabbitQueue
 
 from bench.harness import APPS, Bench, Run, legacy, legacy_python, median, steady_throughput
 from bench.scenarios import Result, Size, ours_app, plain_app
@@ -26,6 +29,8 @@ from bench.scenarios import Result, Size, ours_app, plain_app
 SETUPS = (("solo", 1, 2), ("threads", 2, 1), ("prefork", 2, 1))
 PREFETCH = 16
 OURS_QUEUE = "bench:bench.noop"
+#: FastStream's own queue, as ``RabbitQueue(name)`` declares it (bench/apps/faststream_own.py).
+FASTSTREAM_QUEUE = "faststream-bench"
 FASTSTREAM = str(Path(sys.executable).parent / "faststream")
 
 
@@ -41,6 +46,9 @@ def fill(run: Run, library: str, count: int, wait: bool = True) -> str:
                 plain.send_task("bench.noop", (n,), {"last": n == count - 1}, producer=producer)
         plain.close()
         queue = "plain"
+    elif library == "faststream":  # its own publisher, format and queue
+        asyncio.run(_faststream_publish(run.url, count))
+        queue = FASTSTREAM_QUEUE
     elif library == "legacy":  # celery-amqp-events 0.1.0, in its own virtualenv
         with run.worker("legacy", python=legacy_python()):
             pass  # declares its queues
@@ -57,6 +65,21 @@ def fill(run: Run, library: str, count: int, wait: bool = True) -> str:
     if wait:
         run.wait_depth(queue, count)
     return queue
+
+
+async def _faststream_publish(url: str, count: int) -> None:
+    """``count`` events published as a FastStream user publishes them, each confirmed (many at once)."""
+    broker = RabbitBroker(url)
+    await broker.connect()
+    await broker.declare_queue(RabbitQueue(FASTSTREAM_QUEUE))
+    for start in range(0, count, 500):
+        await asyncio.gather(
+            *(
+                broker.publish({"n": n, "last": n == count - 1}, queue=FASTSTREAM_QUEUE)
+                for n in range(start, min(count, start + 500))
+            )
+        )
+    await broker.stop()
 
 
 @contextlib.contextmanager
@@ -80,6 +103,15 @@ def faststream(run: Run) -> Iterator[None]:
     env = {"QUEUE": OURS_QUEUE, "PREFETCH": str(PREFETCH)}
     argv = [FASTSTREAM, "run", "faststream_app:app", "--workers", "2"]
     with run.process("faststream", argv, "waiting for messages", times=2, env=env):  # one line per process
+        yield
+
+
+@contextlib.contextmanager
+def faststream_own(run: Run, workers: int = 2, env: dict[str, str] | None = None) -> Iterator[None]:
+    """FastStream as its users run it (bench/apps/faststream_own.py), ``--workers N``."""
+    env = {"QUEUE": FASTSTREAM_QUEUE, "PREFETCH": str(PREFETCH), **(env or {})}
+    argv = [FASTSTREAM, "run", "faststream_own:app", "--workers", str(workers)]
+    with run.process("faststream-own", argv, "waiting for messages", times=workers, env=env):
         yield
 
 
@@ -157,12 +189,15 @@ def the_command_as_typed(bench: Bench, size: Size) -> Result:
         prefork = functools.partial(celery_workers, library="ours", pool="prefork", concurrency=2, processes=1)
         rates["ours prefork"].append(drained(bench, size, "ours-prefork", "ours", prefork))
         rates["faststream"].append(drained(bench, size, "faststream", "ours", faststream))
+        rates["faststream own"].append(drained(bench, size, "faststream-own", "faststream", faststream_own))
     rate = {name: median(values) for name, values in rates.items()}
     ours = rate["ours"]
     return Result(
         f"handling {size.drain:,} waiting events with `celery worker -c 2` as typed (no -P), side by side",
         f"{ours:,.0f} events/s",
         f"FastStream --workers 2: {rate['faststream']:,.0f}/s ({ours / rate['faststream']:.2f}x); "
+        f"FastStream as its users run it (its publisher, format and queue): {rate['faststream own']:,.0f}/s "
+        f"({ours / rate['faststream own']:.2f}x); "
         f"plain Celery, same command: {rate['plain']:,.0f}/s ({ours / rate['plain']:.2f}x); "
         f"0.1.0, same command: {rate['legacy']:,.0f}/s ({ours / rate['legacy']:.2f}x); "
         f"ours with -P prefork -c 2: {rate['ours prefork']:,.0f}/s",
@@ -172,6 +207,7 @@ def the_command_as_typed(bench: Bench, size: Size) -> Result:
         {
             "ours (consuming pool)": ours,
             "FastStream": rate["faststream"],
+            "FastStream, its own format": rate["faststream own"],
             "plain Celery (prefork)": rate["plain"],
             "0.1.0 (prefork)": rate["legacy"],
             "ours -P prefork": rate["ours prefork"],

@@ -140,7 +140,8 @@ class Tracing(Middleware):
         if links and not any(link.context.trace_flags.sampled for link in links):
             # Sampled out where it was fired (and replayed): the attempt is not recorded either, nor what its
             # handler traces. The decision is made once, at the trace's head, as ParentBased samplers make it.
-            attempt.state["token"] = otel_context.attach(producer)
+            unsampled = trace.NonRecordingSpan(links[0].context)  # its context only: never a sender's baggage
+            attempt.state["token"] = otel_context.attach(trace.set_span_in_context(unsampled))
             return None
         if trace.get_current_span().is_recording():
             # Celery's own instrumentation opened a span for this task (the producer's child): nest in it,
