@@ -44,7 +44,7 @@ def main(events: int) -> int:
                 fire(run, events, memory)
                 wait_handled(handled, events, memory)
                 memory.sample(events)
-            waiting = {queue: run.queue_depth(queue) for queue in queues(run)}
+            waiting = {queue: run.queue_depth(queue) for queue in queues()}
             archived = {service: run.queue_depth(f"{service}.archive") for service in SERVICES}
         counts = {service: handled_counts(handled, service) for service in SERVICES}
     print(report(events, counts, memory, waiting, archived, time.monotonic() - started))
@@ -56,7 +56,7 @@ def fire(run: Run, events: int, memory: Memory) -> None:
     """``events`` events in batches, holding every service's queue under ``MAX_DEPTH`` waiting."""
     app = events_app("soak-producer", broker_url=run.url)
     for start in range(0, events, BATCH):
-        while max(run.queue_depth(f"{service}:{EVENT}") for service in SERVICES) > MAX_DEPTH:
+        while max(run.queue_depth(queue) for queue in queues()) > MAX_DEPTH:
             time.sleep(0.2)
             memory.maybe_sample(start)
         with app.batch():
@@ -87,7 +87,7 @@ def handled_counts(handled: Path, service: str) -> Counter[int]:
     return counts
 
 
-def queues(run: Run) -> list[str]:
+def queues() -> list[str]:
     return [f"{service}:{EVENT}" for service in SERVICES]
 
 

@@ -143,6 +143,8 @@ _FLAT = frozenset((str, bytes, int, float, bool, type(None), datetime, Decimal))
 
 def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
     """How deep ``value`` nests (a scalar is 0), counted up to ``limit + 1`` (deeper is not walked)."""
+    if type(value) in _FLAT:
+        return 0
     deepest, todo = 0, [(value, 0)]
     while todo:
         item, level = todo.pop()
@@ -166,7 +168,7 @@ def malformed(headers: Mapping[Any, Any], complete: bool = True) -> dict[Any, st
     for key, value in headers.items():
         if not isinstance(key, str):
             wrong[key] = "a header name must be a UTF-8 string"
-        elif type(value) not in _FLAT and depth(value) > MAX_HEADER_DEPTH:
+        elif depth(value) > MAX_HEADER_DEPTH:
             wrong[key] = f"nested more than {MAX_HEADER_DEPTH} deep"
         elif key in EXPECTED and not EXPECTED[key][0](value):
             wrong[key] = f"must be {EXPECTED[key][1]}, not {_shown(value)}"
