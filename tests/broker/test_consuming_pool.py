@@ -26,8 +26,10 @@ def typed(worker, *extra: str, env: dict[str, str] | None = None):
 
 
 def consumers_of(rabbitmq, vhost: str, queue: str) -> list[dict]:
+    """The queue's consumers whose channel the management plugin has described (until its stats arrive, a
+    consumer's ``channel_details`` is an empty list)."""
     found = rabbitmq.management.request("GET", f"/api/consumers/{quote(vhost, safe='')}")
-    return [consumer for consumer in found if consumer["queue"]["name"] == queue]
+    return [consumer for consumer in found if consumer["queue"]["name"] == queue and consumer["channel_details"]]
 
 
 def processes_of(process) -> list[int]:
