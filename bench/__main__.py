@@ -33,6 +33,7 @@ from bench import (
 from bench import cluster as cluster_bench
 from bench.harness import BENCH, Bench
 from bench.report import chart, markdown, text_table
+from bench.scenarios import Result
 
 NOTES = BENCH / "NOTES.md"
 
@@ -52,87 +53,92 @@ def main() -> int:
     if not Path(handling.FASTSTREAM).exists():
         sys.exit(f"{handling.FASTSTREAM} is missing: install the bench extra (pip install -e '.[bench]')")
     started = time.monotonic()
-    results = []
+    results: list[Result] = []
+
+    def keep(*found: Result) -> None:
+        """Each result printed as its scenario ends, so that a run stopped later keeps what it measured."""
+        for result in found:
+            print(text_table([result]), flush=True)
+            results.append(result)
+
     with tempfile.TemporaryDirectory(prefix="amqp-events-bench-") as workdir, Bench(Path(workdir)) as bench:
 
         def wanted(name: str) -> bool:
             return not options.only or options.only in name
 
         if wanted("fire_one_at_a_time"):
-            results.append(scenarios.fire_one_at_a_time(bench, size))
+            keep(scenarios.fire_one_at_a_time(bench, size))
         if wanted("fire_in_a_batch"):
-            results.append(scenarios.fire_in_a_batch(bench, size))
+            keep(scenarios.fire_in_a_batch(bench, size))
         if wanted("fire_async"):
-            results.append(coroutines.fire_async_one_at_a_time(bench, size))
-            results.append(coroutines.fire_async_in_a_batch(bench, size))
+            keep(coroutines.fire_async_one_at_a_time(bench, size))
+            keep(coroutines.fire_async_in_a_batch(bench, size))
         if wanted("coroutine_handler"):
-            results.append(coroutines.coroutine_handler_drain(bench, size))
+            keep(coroutines.coroutine_handler_drain(bench, size))
         if wanted("io_bound_drain"):
-            results.append(coroutines.io_bound_drain(bench, size))
+            keep(coroutines.io_bound_drain(bench, size))
         if wanted("waiting_memory"):
-            results.append(coroutines.waiting_memory(bench, size))
+            keep(coroutines.waiting_memory(bench, size))
         one_service = None
         if wanted("end_to_end"):
             solo = scenarios.end_to_end(bench, size, "solo", 1)
             one_service = solo.values["ours"]
-            results += [solo, scenarios.end_to_end(bench, size, "prefork", 2)]
+            keep(solo, scenarios.end_to_end(bench, size, "prefork", 2))
         if wanted("fan_out"):
             one_service = one_service or scenarios.drain(bench, size, "ours", "solo", 1)
-            results.append(scenarios.fan_out(bench, size, one_service))
+            keep(scenarios.fan_out(bench, size, one_service))
         if wanted("the_command_as_typed"):
-            results.append(handling.the_command_as_typed(bench, size))
+            keep(handling.the_command_as_typed(bench, size))
         if wanted("backlog_side_by_side"):
-            results += handling.backlog_side_by_side(bench, size)
+            keep(*handling.backlog_side_by_side(bench, size))
         if wanted("ordered"):
-            results += ordering.ordered_beside_unordered(bench, size)
+            keep(*ordering.ordered_beside_unordered(bench, size))
         if wanted("history"):
-            results.append(history.replay_beside_live(bench, size))
+            keep(history.replay_beside_live(bench, size))
         if wanted("celery_line"):
-            results.append(scenarios.solo_on_each_celery_line(bench, size))
+            keep(scenarios.solo_on_each_celery_line(bench, size))
         if wanted("outbox"):
             with LocalPostgres() as postgres:
                 for shape in ("minimal", "typical"):
-                    results.append(outbox.commit_and_fire(bench, postgres, size, shape))
-                results.append(outbox.relay_throughput(bench, postgres, size))
-                results.append(outbox.commit_to_publish_latency(bench, postgres, size, Path(workdir)))
+                    keep(outbox.commit_and_fire(bench, postgres, size, shape))
+                keep(outbox.relay_throughput(bench, postgres, size))
+                keep(outbox.commit_to_publish_latency(bench, postgres, size, Path(workdir)))
         if wanted("inbox"):
             with LocalPostgres() as postgres, LocalRedis() as redis:
-                results += outbox.effect_throughput(bench, postgres, redis.url, size)
+                keep(*outbox.effect_throughput(bench, postgres, redis.url, size))
         if wanted("cluster"):
             cluster = LocalCluster(Path(workdir) / "cluster", 3)
             cluster.start()
             try:
-                results += cluster_bench.cluster_against_one_node(bench, cluster, size)
-                results.append(cluster_bench.recovery_after_a_node_kill(bench, cluster, size))
+                keep(*cluster_bench.cluster_against_one_node(bench, cluster, size))
+                keep(cluster_bench.recovery_after_a_node_kill(bench, cluster, size))
             finally:
                 cluster.stop()
         if wanted("fleet"):
             cluster = LocalCluster(Path(workdir) / "fleet-cluster", 3)
             cluster.start()
             try:
-                results += fleet.fleet_on_a_cluster(bench, cluster, size)
+                keep(*fleet.fleet_on_a_cluster(bench, cluster, size))
             finally:
                 cluster.stop()
         if wanted("fifty_handlers"):
-            results.append(fleet.fifty_handlers_drain(bench, size))
+            keep(fleet.fifty_handlers_drain(bench, size))
         if wanted("slow_beside_fast"):
-            results.append(fleet.slow_beside_fast(bench, size))
+            keep(fleet.slow_beside_fast(bench, size))
         if wanted("tracing"):
-            results += tracing.firing(bench, size)
-            results += tracing.handling(bench, size)
+            keep(*tracing.firing(bench, size))
+            keep(*tracing.handling(bench, size))
         if wanted("cloudevents"):
-            results.append(cloud_events.firing(bench, size))
-            results.append(cloud_events.handling(bench, size))
+            keep(cloud_events.firing(bench, size))
+            keep(cloud_events.handling(bench, size))
         if wanted("test_module"):
-            results.append(in_process.a_test_module(bench, size))
+            keep(in_process.a_test_module(bench, size))
         if wanted("console"):
-            results.append(console.pages_with_a_full_archive(bench, size))
+            keep(console.pages_with_a_full_archive(bench, size))
         if wanted("memory"):
-            results.append(scenarios.memory_while_waiting(bench, size))
+            keep(scenarios.memory_while_waiting(bench, size))
         if wanted("accuracy"):
-            results.append(scenarios.retry_delay_accuracy(bench, size))
-        for result in results:
-            print(text_table([result]), flush=True)
+            keep(scenarios.retry_delay_accuracy(bench, size))
     seconds = time.monotonic() - started
     print(f"\n{len(results)} scenarios in {seconds:.0f}s")
     if not options.quick and not options.only:

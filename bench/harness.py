@@ -20,6 +20,7 @@ from amqp_events.local.broker import LocalBroker
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing import json_lines
 from amqp_events.testing.workers import WorkerProcess, worker_argv
+from amqp_events.transport.management import ManagementAPI
 
 BENCH = Path(__file__).resolve().parent
 APPS = BENCH / "apps"
@@ -147,7 +148,8 @@ class Bench:
         try:
             yield Run(broker.vhost_url(vhost), vhost, self.workdir / f"{vhost}.marks", self.workdir)
         finally:
-            broker.management.delete_vhost(vhost)
+            # A fleet's thousands of quorum queues on a cluster take minutes to delete, past the API's usual 30 s.
+            ManagementAPI(broker.management.base_url, timeout=900).delete_vhost(vhost)
 
 
 def throughput(marks: list[dict], count: int) -> float:
