@@ -147,6 +147,18 @@ class BreakerOpen(Exception):
     """A prefetched message was handed back unrun: its handler's circuit breaker is open."""
 
 
+class OverLimit(Exception):
+    """An event over its handler's flow-control limit waits on the broker, unrun and uncounted: ``seconds`` is
+    about when it may run; ``keyed``: only its key is over (the handler's other events go on)."""
+
+    def __init__(self, message: str, seconds: float, keyed: bool) -> None:
+        super().__init__(message, seconds, keyed)  # all three in args: it pickles (a prefork child's outcome)
+        self.seconds, self.keyed = seconds, keyed
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ProcessStopping(Exception):
     """A message taken while its pool process stops (recycled, or a warm shutdown) was handed back unrun."""
 

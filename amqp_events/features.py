@@ -12,6 +12,8 @@ from amqp_events.breakers.options import BREAKER_OPTIONS, BreakerOptions
 from amqp_events.core.context import Middleware
 from amqp_events.core.handler import RETRY_OPTIONS, Handler, RetryOptions
 from amqp_events.core.options import HandlerOptions
+from amqp_events.limits.middleware import FlowControl
+from amqp_events.limits.options import LIMIT_OPTIONS, LimitOptions
 from amqp_events.middleware.cloud_events import CloudEventsReader
 from amqp_events.middleware.inbox import INBOX_OPTIONS, InboxMiddleware, InboxOptions
 from amqp_events.middleware.logs import EventLog
@@ -28,7 +30,6 @@ class CeleryTaskOptions(TypedDict, total=False):
     reject_on_worker_lost: bool
     time_limit: float | None
     soft_time_limit: float | None
-    rate_limit: str | None
     ignore_result: bool
     send_events: bool
     # Celery's retry options, read as the library's own (:func:`amqp_events.celery.handlers.celery_retry_options`).
@@ -40,13 +41,16 @@ class CeleryTaskOptions(TypedDict, total=False):
     default_retry_delay: float
 
 
-class HandlerOptionsGiven(RetryOptions, InboxOptions, BreakerOptions, OrderingOptions, CeleryTaskOptions, total=False):
+class HandlerOptionsGiven(
+    RetryOptions, InboxOptions, BreakerOptions, OrderingOptions, LimitOptions, CeleryTaskOptions, total=False
+):
     """Every keyword option of ``@app.handler`` (its ``event``, ``bind`` and ``name`` aside), for type checkers."""
 
 
 #: The features' handler options, in the order they apply: the inbox's handle comes before the payload that
-#: ordering reads its key from.
-OPTIONS: tuple[HandlerOptions, ...] = (INBOX_OPTIONS, BREAKER_OPTIONS, ORDERING_OPTIONS)
+#: ordering and flow control read keys from, and flow control refuses an ordered handler. Celery's own
+#: ``rate_limit=`` (per worker process, what waits held in its memory) is flow control's here, over the fleet.
+OPTIONS: tuple[HandlerOptions, ...] = (INBOX_OPTIONS, BREAKER_OPTIONS, ORDERING_OPTIONS, LIMIT_OPTIONS)
 #: The option names the library takes itself (any other is a Celery task option).
 LIBRARY_OPTIONS = ("bind", "name", *RETRY_OPTIONS, *(name for feature in OPTIONS for name in feature.defaults))
 
@@ -67,6 +71,7 @@ MIDDLEWARE: tuple[Callable[[Settings, Sequence[Handler], str], Middleware | None
     metrics_for,
     CloudEventsReader.for_service,
     InboxMiddleware.for_service,
+    FlowControl.for_service,
     EventLog.for_service,
 )
 

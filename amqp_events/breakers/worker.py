@@ -32,6 +32,7 @@ from amqp_events.breakers.options import breaker_option, required_checks
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, requeue_later
+from amqp_events.errors import OverLimit
 from amqp_events.metrics import record_breaker, record_health
 from amqp_events.wire.message import Reason
 
@@ -78,6 +79,10 @@ class WorkerBreakers:
         self.shared = multiprocessing.RawArray("b", max(1, len(self.slots)))
         # ... and two counters per handler, successes and failures, written by them and read here.
         self.outcomes = multiprocessing.Array("q", 2 * max(1, len(self.slots)))
+        # ... and per handler, until when (monotonic, system-wide) flow control keeps the worker off its queue.
+        self.backing_off = multiprocessing.RawArray("d", max(1, len(self.slots)))
+        #: The handlers whose queue this process stopped consuming for flow control (the main process).
+        self.backed_off: set[str] = set()
         self.seen = [0] * (2 * max(1, len(self.slots)))
         self.checks = dict(checks)
         for handler in self.handlers.values():
@@ -112,22 +117,34 @@ class WorkerBreakers:
             with self.outcomes.get_lock():
                 self.outcomes[2 * slot + failed] += 1
 
+    def back_off(self, task: str, seconds: float) -> None:
+        """Flow control: ``task``'s limit is reached; the worker stops taking its queue (one of its own) for
+        ``seconds``, so that what waits over the limit waits in the queue. Called by any of its processes."""
+        slot = self.slots.get(task)
+        if slot is not None and task not in self.sharing:
+            self.backing_off[slot] = max(self.backing_off[slot], time.monotonic() + seconds)
+
+    def _backing_off(self, task: str, now: float) -> bool:
+        return task not in self.sharing and self.backing_off[self.slots[task]] > now
+
     def open_queues(self) -> set[str]:
         """The queues of handlers (with a queue of their own) whose breaker is open, as the main process last set
-        it: those a pool process that consumes stops consuming."""
+        it, or that flow control backs off: those a pool process that consumes stops consuming."""
+        now = time.monotonic()
         return {
             self.handlers[task].queue
             for task, slot in self.slots.items()
-            if task not in self.sharing and self.shared[slot] == State.OPEN
+            if task not in self.sharing and (self.shared[slot] == State.OPEN or self._backing_off(task, now))
         }
 
     def paused_queues(self) -> set[str]:
         """The queues this worker does not consume now: those of handlers (with a queue of their own) whose
-        breaker is not closed."""
+        breaker is not closed, or that flow control backs off."""
+        now = time.monotonic()
         return {
             self.handlers[task].queue
             for task, breaker in self.breakers.items()
-            if breaker.state != State.CLOSED and task not in self.sharing
+            if task not in self.sharing and (breaker.state != State.CLOSED or self._backing_off(task, now))
         }
 
     def states(self) -> dict[str, str]:
@@ -142,6 +159,7 @@ class WorkerBreakers:
     def start(self, pause: Callable[[str], None], resume: Callable[[str], None]) -> None:
         """The consumer (re)started: stop consuming what is paused; start the health checks once."""
         self.pause, self.resume = pause, resume
+        self.backed_off = set()  # a new consumer consumes every queue
         for task, breaker in self.breakers.items():
             record_breaker(self.service, self.handlers[task].name, breaker.state, tripped=False)
             if breaker.state == State.OPEN and task not in self.sharing:
@@ -179,6 +197,20 @@ class WorkerBreakers:
                     self._apply(task, breaker.release(reason, now))
             self._apply(task, breaker.poll(now))
             self._unless_probe_lost(task, now)
+            self._follow_flow_control(task, now)
+
+    def _follow_flow_control(self, task: str, now: float) -> None:
+        """Stop consuming a closed breaker's queue while flow control backs it off; start again after."""
+        backing_off = self._backing_off(task, now)
+        if backing_off == (task in self.backed_off) or self.breakers[task].state != State.CLOSED:
+            return
+        queue = self.handlers[task].queue
+        if backing_off:
+            self.backed_off.add(task)
+            self.pause(queue)
+        else:
+            self.backed_off.discard(task)
+            self.resume(queue)
 
     def _unless_probe_lost(self, task: str, now: float) -> None:
         """A probe whose outcome never came (its process died): let another message probe."""
@@ -261,7 +293,10 @@ class Breakers(Middleware):
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
         if attempt.kind != "run" or outcome is None or attempt.handler is None:
             return
-        if isinstance(outcome, Ack):
+        if isinstance(outcome, Redeliver) and isinstance(outcome.error, OverLimit) and not outcome.error.keyed:
+            # Flow control: the handler's limit is reached; what waits over it waits in its queue meanwhile.
+            self.breakers.back_off(attempt.handler.task_name, outcome.error.seconds)
+        elif isinstance(outcome, Ack):
             if not outcome.duplicate:
                 self.breakers.report(attempt.handler.task_name, failed=False)
         elif _unexpected_failure(outcome):

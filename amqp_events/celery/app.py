@@ -258,7 +258,11 @@ class EventsApp(Producing, EventsCelery):
         retries and crashes (docs/guides/ordering.md); when one of its
         events is archived, ``on_archive`` says whether the later events of
         its key wait for it to be replayed or discarded (``park``) or go on
-        (``skip``). ``name`` registers another handler of an event that has one
+        (``skip``). ``concurrency`` (runs at once) and ``rate_limit`` (runs started
+        per window: ``"50/m"``, ``"10/s,100000/d"``) are counted over every worker of
+        the service, on the broker, per key with ``concurrency_key`` and
+        ``rate_limit_key``; what waits over a limit waits on the broker
+        (docs/guides/flow-control.md). ``name`` registers another handler of an event that has one
         in this service (``@app.handler("user.created", name="welcome_email")``):
         it gets its own queue, retries, archive entries, breaker and metrics.
         Other keyword arguments are Celery task options. Each option belongs to the feature that reads it

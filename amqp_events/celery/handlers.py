@@ -151,7 +151,7 @@ def check_task_options(options: dict[str, Any], described: str) -> None:
     if unknown:
         raise TypeError(
             f"{described}: unknown handler option(s) {', '.join(unknown)}: the library's are "
-            f"{', '.join(LIBRARY_OPTIONS)}; any other is a Celery task option (acks_late, rate_limit, time_limit...)"
+            f"{', '.join(LIBRARY_OPTIONS)}; any other is a Celery task option (acks_late, time_limit...)"
         )
 
 

@@ -18,6 +18,7 @@ from amqp_events.cli.exporter import exporter
 from amqp_events.cli.fire import fire
 from amqp_events.cli.history import history
 from amqp_events.cli.inbox import inbox
+from amqp_events.cli.limits import limits
 from amqp_events.cli.outbox import outbox
 from amqp_events.cli.topology import topology
 
@@ -42,7 +43,7 @@ def main(ctx: click.Context, app_name: str | None, broker: str | None, managemen
     ctx.obj = Context(app_name, broker, management_url)
 
 
-for command in (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, asyncapi, console):
+for command in (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, limits, asyncapi, console):
     main.add_command(command)
 
 

@@ -138,3 +138,27 @@ def _refusal(handler: Handler, positional: int, keywords: frozenset[str]) -> str
     except TypeError as exc:
         return str(exc)
     return None
+
+
+#: Where an option finds an event's key: the name of one of its arguments, or a callable given them all.
+KeyOption = str | Callable[..., Any]
+
+
+def argument_key(handler: Handler, option: str, by: KeyOption) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """The key an event's arguments give, as ``option=by`` of ``handler`` says (``ordered_by=``,
+    ``concurrency_key=``): ``TypeError`` now for a name that is not one of its arguments, and
+    :class:`~amqp_events.BadArguments` for a payload that gives none."""
+    if not callable(by) and by not in handler.argument_names:
+        raise TypeError(f"{handler.name}: {option}={by!r} is not one of its event's arguments")
+
+    def key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            if callable(by):
+                return by(*args, **kwargs)
+            if handler.event_class is not None:  # a class event's payload is its fields, by name
+                return kwargs[by]
+            return handler.bind(args, kwargs).arguments[by]
+        except Exception as exc:
+            raise BadArguments(f"{handler.name}: no key ({by!r}) in this payload: {exc!r}") from exc
+
+    return key

@@ -87,7 +87,7 @@ Happened = Succeeded | Failed | Lost | CannotRun
 # -- outcomes ------------------------------------------------------------------
 #
 # Each outcome has one ``name``, the same in metrics (the ``outcome`` label), traces, logs and the in-process
-# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, postponed, archived.
+# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, over_limit, postponed, archived.
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ class Redeliver:
     delay: int
     error: BaseException
     #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``requeue_later`` unrun (breaker open),
+    #: ``over_limit`` unrun (flow control: its handler's limit is reached),
     #: ``defer`` unrun until its ``eta`` (a delay belongs on the broker, never in a worker).
     why: str = "retry"
 
@@ -133,6 +134,7 @@ _REDELIVERY_NAMES = {
     "retry": "retry_scheduled",
     "redeliver": "redelivered",
     "requeue_later": "handed_back",
+    "over_limit": "over_limit",
     "defer": "postponed",
 }
 Outcome = Ack | Redeliver | SendToArchive
@@ -252,6 +254,12 @@ def requeue_later(delivery: Delivery, now: datetime, wait: int = 0, error: Excep
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
     error = error or BreakerOpen("the handler's circuit breaker is open")
     return Redeliver(republish(delivery, headers, wait, now), wait, error, why="requeue_later")
+
+
+def wait_over_limit(delivery: Delivery, now: datetime, wait: int, error: Exception) -> Redeliver:
+    """An event over its handler's flow-control limit waits ``wait`` seconds on the broker, unrun, its counters
+    unchanged: a wait is not an attempt."""
+    return replace(requeue_later(delivery, now, wait, error), why="over_limit")
 
 
 def deferred_until_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:

@@ -10,7 +10,8 @@ What is logged, by :class:`EventLog`: ``fired`` (info; not for events fired
 in a batch), ``handled`` (debug: Celery logs every success already),
 ``duplicate skipped`` (info), ``retrying``, ``redelivering`` and ``handed
 back, breaker open`` (warning: a failing handler is worth seeing with a
-worker's default log level), ``archived`` (warning; error for a message no
+worker's default log level), ``waiting, over its limit`` (debug: flow control
+at work, as often as a backlog comes round), ``archived`` (warning; error for a message no
 handler could take: the sender's mistake), ``replayed`` (info).
 """
 
@@ -39,6 +40,7 @@ _SAID = {
     "retry_scheduled": ("retrying", logging.WARNING),
     "redelivered": ("redelivering", logging.WARNING),
     "handed_back": ("handed back, breaker open", logging.WARNING),
+    "over_limit": ("waiting, over its limit", logging.DEBUG),
     "postponed": ("postponed until its eta", logging.INFO),
     "archived": ("archived", logging.WARNING),
 }

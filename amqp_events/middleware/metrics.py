@@ -22,7 +22,16 @@ from amqp_events.settings import Settings
 from amqp_events.wire.message import queue_wait
 
 #: Every outcome's name (:mod:`amqp_events.core.outcome`), and those that end a message's life.
-OUTCOMES = ("success", "skipped", "retry_scheduled", "redelivered", "handed_back", "postponed", "archived")
+OUTCOMES = (
+    "success",
+    "skipped",
+    "retry_scheduled",
+    "redelivered",
+    "handed_back",
+    "over_limit",
+    "postponed",
+    "archived",
+)
 FINAL_OUTCOMES = ("success", "archived")
 
 

@@ -6,26 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypedDict
 
-from amqp_events.core.handler import Handler
+from amqp_events.core.handler import Handler, argument_key
 from amqp_events.core.options import HandlerOptions
-from amqp_events.errors import BadArguments
 
 #: What an ordered handler's archived event does to the later events of its key.
 ON_ARCHIVE = ("park", "skip")
-
-
-def _key(handler: Handler, ordered_by: str | Callable[..., Any]) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
-    def key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        try:
-            if callable(ordered_by):
-                return ordered_by(*args, **kwargs)
-            if handler.event_class is not None:  # a class event's payload is its fields, by name
-                return kwargs[ordered_by]
-            return handler.bind(args, kwargs).arguments[ordered_by]
-        except Exception as exc:
-            raise BadArguments(f"{handler.name}: no key ({ordered_by!r}) in this payload: {exc!r}") from exc
-
-    return key
 
 
 def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -34,9 +19,7 @@ def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
         raise TypeError(f"{handler.name}: on_archive={on_archive!r} is not one of {', '.join(ON_ARCHIVE)}")
     if ordered_by is None:
         return {}
-    if not callable(ordered_by) and ordered_by not in handler.argument_names:
-        raise TypeError(f"{handler.name}: ordered_by={ordered_by!r} is not one of its event's arguments")
-    return {"key": _key(handler, ordered_by), "parks": on_archive == "park"}
+    return {"key": argument_key(handler, "ordered_by", ordered_by), "parks": on_archive == "park"}
 
 
 class OrderingOptions(TypedDict, total=False):

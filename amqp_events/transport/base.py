@@ -10,11 +10,13 @@ fired events, batches and outbox rows, the copies a handler's outcome sends
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
+
+from kombu import Queue
 
 from amqp_events.topology import Topology
 from amqp_events.wire.message import OutgoingMessage, StoredMessage
@@ -101,5 +103,16 @@ class Transport(Protocol):
     def read_stream(self, stream: str, start: int | datetime) -> AbstractContextManager[StreamReading]:
         """The messages of ``stream`` from offset ``start`` (or from the time ``start``, give or take a few
         earlier ones) up to its last one now; a stream does not lose what is read."""
+
+    def hold(self, names: Sequence[str]) -> str | None:
+        """Take the first of the leases ``names`` nobody holds, until :meth:`release` or this process ends
+        (flow control: :mod:`amqp_events.transport.leases`); ``None`` when each is held."""
+
+    def release(self, name: str) -> None:
+        """Give back the lease ``name``."""
+
+    def admit(self, window: Queue) -> bool:
+        """Count a start in the bounded queue ``window`` (:mod:`amqp_events.topology.limits`); ``False`` when it
+        is full."""
 
     def close(self) -> None: ...

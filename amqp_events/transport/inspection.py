@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from amqp.exceptions import NotFound
+from amqp.exceptions import NotFound, ResourceLocked
 from kombu import Connection, Queue
 from kombu.exceptions import OperationalError
 
@@ -88,3 +88,22 @@ def queue_states(connect: Callable[[], Connection], queues: Iterable[str]) -> di
             channel.close()
             found[name] = (int(ok.message_count), int(ok.consumer_count))
     return found
+
+
+def leases_held(connect: Callable[[], Connection], names: Iterable[str]) -> int:
+    """How many of the flow-control leases ``names`` a run holds now (:mod:`amqp_events.transport.leases`): a
+    passive declare of one is refused while another connection holds it, and finds nothing once it is back."""
+    held = 0
+    with connect() as connection:
+        for name in names:
+            channel: Any = connection.channel()
+            try:
+                channel.queue_declare(name, passive=True)
+            except ResourceLocked:
+                held += 1
+                continue
+            except NotFound:
+                continue
+            channel.close()  # a lease left by a connection not yet closed: it counts as held
+            held += 1
+    return held

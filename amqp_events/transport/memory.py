@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from kombu import Exchange
+from kombu import Exchange, Queue
 from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExchange, ExchangeType, TopicExchange
 
 from amqp_events.errors import TopologyMissing
@@ -124,6 +124,9 @@ class MemoryBroker:
         types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange, "headers": DirectExchange}
         self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
         self._seq = itertools.count(1)
+        #: The exclusive queues flow control's leases are (the in-process mode is one connection: a name held is
+        #: held until given back).
+        self.leases: set[str] = set()
 
     # -- declaring ----------------------------------------------------------------------------------
 
@@ -132,19 +135,19 @@ class MemoryBroker:
         for exchange in topology.exchanges:
             self.declare_exchange(exchange)
         for queue in topology.queues:
-            self.queues.setdefault(
-                queue.name, MemoryQueue(queue.name, dict(getattr(queue, "queue_arguments", None) or {}))
-            )
-            if queue.exchange is not None and queue.exchange.name:
-                self._bind(
-                    queue.exchange.name,
-                    queue.routing_key,
-                    (False, queue.name),
-                    getattr(queue, "binding_arguments", None),
-                )
+            self.declare_queue(queue)
         for binding in topology.bindings:
             destination = (binding.to_exchange, binding.destination.name)
             self._bind(binding.source.name, binding.routing_key, destination, binding.arguments)
+
+    def declare_queue(self, queue: Queue) -> None:
+        """Declare ``queue`` and its binding to its exchange (one that exists is kept)."""
+        self.queues.setdefault(queue.name, MemoryQueue(queue.name, dict(getattr(queue, "queue_arguments", None) or {})))
+        if queue.exchange is not None and queue.exchange.name:
+            self.declare_exchange(queue.exchange)
+            self._bind(
+                queue.exchange.name, queue.routing_key, (False, queue.name), getattr(queue, "binding_arguments", None)
+            )
 
     def declare_exchange(self, exchange: Exchange) -> None:
         self.exchanges.setdefault(exchange.name, (exchange.type, dict(getattr(exchange, "arguments", None) or {})))
@@ -157,6 +160,14 @@ class MemoryBroker:
         routes = self.routes.setdefault(exchange, [])
         if not any(route.key == key and route.destination == destination for route in routes):
             routes.append(Route(key, pattern, destination, dict(arguments or {})))
+
+    def hold(self, names: list[str]) -> str | None:
+        """The first of ``names`` not held, now held (an exclusive queue's declaration); ``None``: each is."""
+        for name in names:
+            if name not in self.leases:
+                self.leases.add(name)
+                return name
+        return None
 
     # -- publishing ---------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -20,6 +20,7 @@ from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReadi
 from amqp_events.transport.batches import ConfirmedBatchPublisher
 from amqp_events.transport.browse import browsing
 from amqp_events.transport.declare import declare_topology, rebind
+from amqp_events.transport.leases import Leases
 from amqp_events.transport.publisher import Connections, Publisher, publishing_user
 from amqp_events.transport.retire import Retired, delete_if_idle, retire_topology
 from amqp_events.wire.message import OutgoingMessage
@@ -33,6 +34,8 @@ class RabbitMQ:
         self.app = app
         self.timeout = publish_timeout
         self.publisher = Publisher(app, publish_timeout)
+        # Without heartbeats: a run longer than two would otherwise lose its lease while it runs.
+        self.leases = Leases(lambda: app.connection_for_write().clone(heartbeat=0), publish_timeout)
         self.user = publishing_user(app.connection_for_write())
         self.errors: tuple[type[BaseException], ...] = (
             PublishError,
@@ -113,8 +116,18 @@ class RabbitMQ:
         ):
             yield reading
 
+    def hold(self, names: Sequence[str]) -> str | None:
+        return self.leases.hold(names)
+
+    def release(self, name: str) -> None:
+        self.leases.release(name)
+
+    def admit(self, window: Queue) -> bool:
+        return self.leases.admit(window)
+
     def close(self) -> None:
         self.publisher.close()
+        self.leases.close()
 
     # -- what the operator's tools read (:mod:`amqp_events.transport.inspection`) ------------------------------
 
@@ -131,6 +144,10 @@ class RabbitMQ:
     ) -> None:
         """Consume ``queue`` for ``seconds`` (or until ``stop``), each JSON message to ``on_message``."""
         inspection.listen(self.app.connection_for_write, queue, on_message, seconds, stop)
+
+    def leases_held(self, names: Iterable[str]) -> int:
+        """How many of the flow-control leases ``names`` are held now."""
+        return inspection.leases_held(self.app.connection_for_write, names)
 
     def queue_states(self, queues: Iterable[str]) -> dict[str, tuple[int, int]]:
         """``(ready messages, consumers)`` of each of ``queues`` that exists."""

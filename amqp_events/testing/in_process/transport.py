@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from kombu import Queue
 from kombu.serialization import dumps
 
 from amqp_events.errors import PublishError
@@ -64,6 +66,20 @@ class InProcessTransport:
 
     def read_stream(self, stream: str, start: int | datetime) -> Any:
         return self.broker.read_stream(stream, start)
+
+    def hold(self, names: Sequence[str]) -> str | None:
+        return self.broker.hold(list(names))
+
+    def release(self, name: str) -> None:
+        self.broker.leases.discard(name)
+
+    def admit(self, window: Queue) -> bool:
+        self.broker.declare_queue(window)
+        self.broker.expire()  # the starts older than the window, gone by the virtual clock
+        try:
+            return self.broker.publish(Envelope({}, b"", None, None, {}, window.exchange.name, window.routing_key))
+        except QueueFull:
+            return False
 
     def close(self) -> None:
         pass

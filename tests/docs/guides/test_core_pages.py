@@ -1,5 +1,5 @@
 """The pages that need nothing but the library: the README, getting started, firing, ordering, history,
-middleware, the archive, sections and breakers. Each runs as its reader runs it (see ``conftest.py``)."""
+middleware, the archive, sections and breakers, flow control. Each runs as its reader runs it (see ``conftest.py``)."""
 
 from __future__ import annotations
 
@@ -175,6 +175,21 @@ def test_a_health_check_pauses_a_handler_while_the_bank_is_down(guide, producer)
         # The worker's processes follow its breakers within a tick (0.1 s).
         wait_for(lambda consuming=consuming: (consumers(voided)[1] > 0) == consuming, 10, what=f"{action} applied")
     assert ledger.is_running()
+
+
+def test_flow_control_s_backlog_goes_out_at_its_rate_in_a_test_and_on_the_broker(guide):
+    flow = guide("guides/flow-control.md")
+    flow.write("notifications/celery.py", "tests/test_notifications.py")
+    ran = flow.run("python -m pytest -q -p no:cacheprovider", timeout=300, check=False)
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
+    queue, window = "notifications:accounts.signed_up", "notifications.limit.accounts.signed_up.50per60s"
+    notifications = flow.worker(WORKER.format("notifications.celery"), queue)
+    flow.python(
+        "from notifications.celery import signed_up", "[signed_up(n, f'user{n}@example.com') for n in range(60)]"
+    )
+    # The broker's count of the minute's starts: 50 (it takes no more), the other 10 waiting their turn.
+    wait_for(lambda: flow.queue(window)[0] == 50, 60, what="the window full: 50 welcome emails started")
+    assert notifications.is_running()
 
 
 def test_two_services_under_users_of_their_own(guide, servers):

@@ -1,0 +1,60 @@
+"""Where flow control counts on the broker (:mod:`amqp_events.limits`), as names and queue values. Pure.
+
+* A run's *lease*: ``<service>.limit.<task>[.key.<digest>].run.<n>``, an exclusive queue of the connection of the
+  process that runs it, for ``n`` below the limit; the broker deletes it when that connection ends.
+* A window of starts: ``<service>.limit.<task>[.key.<digest>].<count>per<seconds>s``, a durable classic queue of at
+  most ``count`` persistent messages that each live ``seconds``, refusing more (``x-overflow: reject-publish``): a
+  start is a message it took. Reached through the service's direct exchange, by its name. A key's window is deleted once
+  unused for a while (``x-expires``): by then every start it counted has expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from kombu import Exchange, Queue
+
+from amqp_events.topology.names import check_service_name, direct_exchange_name
+
+#: A key's window is deleted when unused this long past its own length (a worker declares it again meanwhile).
+KEY_WINDOW_GRACE = 60
+
+
+def limit_prefix(service: str, task: str, key: Any = None) -> str:
+    """The start of the names of ``task``'s leases and windows (``key``: of one key's)."""
+    prefix = f"{check_service_name(service)}.limit.{task}"
+    if key is None:
+        return prefix
+    return f"{prefix}.key.{hashlib.sha256(repr(key).encode()).hexdigest()[:24]}"
+
+
+def lease_names(prefix: str, concurrency: int) -> list[str]:
+    """The leases a run may hold: one of them each."""
+    return [f"{prefix}.run.{n}" for n in range(concurrency)]
+
+
+def window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:
+    """The queue that counts the starts of one window (at most ``count`` in any ``seconds``); ``keyed``: one
+    key's, deleted when unused."""
+    name = f"{prefix}.{count}per{seconds}s"
+    # A classic queue: one process takes its messages one at a time, so the length limit holds exactly (a quorum
+    # queue learns it is full only after the message that fills it past its limit, and lets one more in).
+    arguments: dict[str, object] = {
+        "x-queue-type": "classic",
+        "x-max-length": count,
+        "x-overflow": "reject-publish",
+        "x-message-ttl": seconds * 1000,
+    }
+    if keyed:
+        arguments["x-expires"] = (2 * seconds + KEY_WINDOW_GRACE) * 1000
+    service = prefix.partition(".")[0]
+    direct = Exchange(direct_exchange_name(service), "direct", durable=True, auto_delete=False)
+    return Queue(name, exchange=direct, routing_key=name, durable=True, auto_delete=False, queue_arguments=arguments)
+
+
+def redeclare_every(queue: Queue) -> float:
+    """Seconds within which a worker declares a key's window again, so that it is never deleted while it counts:
+    half its ``x-expires`` (a window without one is declared once per connection)."""
+    expires = (getattr(queue, "queue_arguments", None) or {}).get("x-expires")
+    return float(expires) / 2000 if expires else float("inf")

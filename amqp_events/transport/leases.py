@@ -1,0 +1,149 @@
+"""Flow control's counts on RabbitMQ (:mod:`amqp_events.limits`): leases and windows of starts.
+
+A *lease* is an exclusive queue of a connection this process holds for the purpose: declaring one another
+connection holds fails (``RESOURCE_LOCKED``), so at most one run anywhere holds each, and RabbitMQ deletes it
+when the connection ends, so a process killed mid-run gives its lease back as soon as the broker sees the
+connection go. The connection has no AMQP heartbeats: a run longer than two of them would otherwise lose its lease
+while it still runs (TCP keepalive finds a dead peer instead).
+
+A *window* is a durable classic queue that holds at most ``count`` messages, each for ``seconds``, and refuses more:
+a start is a message it confirmed, and a nack says the window is full. One queue process takes them one at a time,
+so any number of workers share one limit exactly (a quorum queue's limit lets one more in: it learns it is full
+after the message that fills it past it); a crash counts what started, and a broker restart keeps the count (the
+messages are persistent). While the node holding a window is down, its handler's starts fail and are retried:
+they never run uncounted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from amqp import Message
+from amqp.exceptions import MessageNacked, ResourceLocked
+from kombu import Connection, Queue
+
+from amqp_events.topology.limits import redeclare_every
+
+#: How many windows a process remembers declaring (a key's window is declared again past this).
+REMEMBERED_WINDOWS = 10_000
+
+
+class Leases:
+    """Leases and windows on one connection of this process's own (opened on first use, and again in a forked
+    child or after the connection failed); thread-safe."""
+
+    def __init__(self, connect: Callable[[], Connection], timeout: float = 10.0) -> None:
+        self._connect = connect
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._connection: Connection | None = None
+        self._leasing: Any = None
+        self._counting: Any = None
+        #: The leases this process holds: its connection would declare one of them again without a refusal.
+        self._held: set[str] = set()
+        #: Window name -> when this connection last declared it.
+        self._declared: dict[str, float] = {}
+        #: The broker returned the message just published (no queue took it).
+        self._returned = False
+
+    def hold(self, names: Sequence[str]) -> str | None:
+        """Take one of ``names`` no connection holds, trying them from a random one on (workers asking at once
+        try different ones first); ``None`` when each is held."""
+        start = random.randrange(len(names)) if names else 0
+        with self._lock, self._failing_resets():
+            connection = self._open()
+            for name in [*names[start:], *names[:start]]:
+                if name in self._held:  # another run of this process (a thread, a coroutine) holds it
+                    continue
+                channel = self._leasing = self._leasing or connection.channel()
+                try:
+                    channel.queue_declare(
+                        name, durable=False, exclusive=True, auto_delete=False, arguments={"x-queue-type": "classic"}
+                    )
+                except ResourceLocked:  # held by another connection; the broker closed this channel
+                    self._leasing = None
+                    continue
+                self._held.add(name)
+                return name
+            return None
+
+    def release(self, name: str) -> None:
+        """Give the lease ``name`` back (a connection that failed meanwhile gave it back already)."""
+        with self._lock, self._failing_resets():
+            self._held.discard(name)
+            if self._connection is not None and self._pid == os.getpid():
+                self._leasing = self._leasing or self._connection.channel()
+                self._leasing.queue_delete(name)
+
+    def admit(self, window: Queue) -> bool:
+        """Count a start in ``window``: ``False`` when it holds as many as it may."""
+        with self._lock, self._failing_resets():
+            connection = self._open()
+            if self._counting is None:
+                self._counting = connection.channel()
+                self._counting.events["basic_return"].add(self._on_return)
+            for _ in range(2):  # a window that went (deleted, unbound) is declared again, once
+                now = time.monotonic()
+                declared = self._declared.get(window.name)
+                if declared is None or now - declared >= redeclare_every(window):
+                    window(self._counting).declare()
+                    if len(self._declared) >= REMEMBERED_WINDOWS:
+                        self._declared.clear()
+                    self._declared[window.name] = now
+                self._returned = False
+                try:
+                    self._counting.basic_publish_confirm(
+                        Message(b"", delivery_mode=2),
+                        window.exchange.name,
+                        window.routing_key,
+                        mandatory=True,
+                        confirm_timeout=self.timeout,
+                    )
+                except MessageNacked:
+                    return False
+                if not self._returned:  # a start is counted only where a window took it
+                    return True
+                self._declared.pop(window.name, None)
+            raise LookupError(f"the window {window.name!r} takes no message, even declared again")
+
+    def _on_return(self, *returned: Any) -> None:
+        self._returned = True
+
+    def close(self) -> None:
+        with self._lock:
+            self._reset()
+
+    def _open(self) -> Connection:
+        if self._connection is None or self._pid != os.getpid():
+            self._connection = self._leasing = self._counting = None  # a forked child's are its parent's
+            self._declared.clear()
+            self._held.clear()
+            connection = self._connect()
+            connection.connect()
+            self._connection, self._pid = connection, os.getpid()
+        return self._connection
+
+    def _reset(self) -> None:
+        connection, self._connection = self._connection, None
+        self._leasing = self._counting = None
+        self._declared.clear()
+        self._held.clear()  # the connection's end gave them back
+        if connection is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):  # already gone: what it held went with it
+                connection.close()
+
+    @contextlib.contextmanager
+    def _failing_resets(self) -> Iterator[None]:
+        """A failure other than a refusal drops the connection (what it held went with it) and raises."""
+        try:
+            yield
+        except BaseException:
+            self._reset()
+            raise

@@ -1,0 +1,111 @@
+"""Flow control over the fleet, on RabbitMQ: ``concurrency=`` (per handler and per key) and ``rate_limit=`` hold
+over several workers, a worker killed mid-run gives its lease back, and what waits over a limit is never an
+attempt (``tests/unit/test_flow_control.py``: the options, and the in-process mode on its virtual clock)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+from helpers import AMQP_EVENTS, TESTS, wait_archived
+
+from amqp_events import Reason
+from amqp_events.testing import wait_for
+
+pytestmark = pytest.mark.broker
+
+
+def limits_show(broker_url: str, **env: str) -> str:
+    """``amqp-events -A services.mailer limits show``, through the installed command."""
+    environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS), **env}
+    done = subprocess.run(
+        [AMQP_EVENTS, "-A", "services.mailer", "limits", "show"],
+        cwd=TESTS, env=environment, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def intervals(records, handler: str) -> dict[int, tuple[float, float]]:
+    """Each run's (start, end) by its number, from the records of ``handler``'s runs that ended."""
+    runs = records.all(service="mailer", handler=handler)
+    starts = {line["n"]: line["time"] for line in runs if line["tag"] == "start"}
+    return {line["n"]: (starts[line["n"]], line["time"]) for line in runs if line["tag"] == "end"}
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most runs that overlapped at any moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = most = 0
+    for _, step in edges:  # at one instant an end (-1) sorts before a start: touching is not overlapping
+        running += step
+        most = max(most, running)
+    return most
+
+
+def test_concurrency_holds_over_three_workers_and_a_wait_is_never_an_attempt(worker, producer, records):
+    for _ in range(3):
+        worker("mailer", env={"CONCURRENCY": "2"})
+    for n in range(24):
+        producer.fire("mail.send", [], {"n": n, "sleep": 0.2})
+    wait_for(lambda: len(intervals(records, "send")) == 24, 120, what="24 runs of mail.send")
+    runs = intervals(records, "send")
+    assert most_at_once(list(runs.values())) == 2  # the limit, reached and never passed
+    starts = records.all(service="mailer", handler="send", tag="start")
+    assert sorted(line["n"] for line in starts) == list(range(24))  # each once
+    assert {line["attempt"] for line in starts} == {1}  # waits over the limit are not attempts
+
+
+def test_a_process_killed_mid_run_gives_its_lease_back_and_the_others_go_on(
+    worker, producer, records, archive_of, broker_url
+):
+    # The consuming pool, whose killed process is replaced; a run lost once is archived (not run again).
+    worker("mailer", pool=None, concurrency=1, env={"CONCURRENCY": "1", "MAX_DELIVERIES": "1"})
+    slow = producer.fire("mail.send", [], {"n": 100, "sleep": 60})
+    [started] = records.wait(1, 30, handler="send", tag="start", n=100)
+    assert "running now: 1" in limits_show(broker_url, CONCURRENCY="1")  # the lease, seen from outside
+    os.kill(started["pid"], signal.SIGKILL)  # ... and given back when the process's connection closed
+    wait_for(lambda: "running now: 0" in limits_show(broker_url, CONCURRENCY="1"), 30, what="the lease given back")
+    poison = producer.fire("mail.send", [], {"n": 0, "kill": True})
+    for n in range(1, 6):
+        producer.fire("mail.send", [], {"n": n, "sleep": 0.05})
+    wait_for(lambda: len(intervals(records, "send")) == 5, 120, what="the five runs after the killed one")
+    archived = wait_archived(archive_of("mailer"), 2, timeout=120)
+    assert {message.id for message in archived} == {slow, poison}
+    assert {message.reason for message in archived} == {Reason.WORKER_LOST}
+    assert most_at_once(list(intervals(records, "send").values())) == 1
+
+
+def test_concurrency_per_key_holds_each_key_and_lets_the_others_go(worker, producer, records):
+    worker("mailer")
+    worker("mailer")
+    for n in range(4):
+        producer.fire("mail.per_account", [], {"account": "hot", "n": n, "sleep": 0.5})
+    for n in range(10, 14):
+        producer.fire("mail.per_account", [], {"account": "cold", "n": n})
+    wait_for(lambda: len(intervals(records, "per_account")) == 8, 120, what="eight runs of mail.per_account")
+    runs = intervals(records, "per_account")
+    hot = [span for n, span in runs.items() if n < 10]
+    cold = [span for n, span in runs.items() if n >= 10]
+    assert most_at_once(hot) == 1 and most_at_once(cold) == 1  # one at a time per account
+    assert max(end for _, end in cold) < max(start for start, _ in hot)  # the cold account did not wait for the hot
+
+
+def test_a_rate_limit_holds_over_two_workers_in_every_window(worker, producer, records, broker_url):
+    worker("mailer", env={"RATE": "10/3s"})
+    worker("mailer", env={"RATE": "10/3s"})
+    for n in range(35):
+        producer.fire("mail.paced", [], {"n": n})
+    starts = records.wait(35, 120, handler="paced", tag="start")
+    shown = limits_show(broker_url, RATE="10/3s")
+    assert "mail.paced  (services.mailer.paced)  10/3s" in shown
+    assert re.search(r"started in the last window of 10/3s: (\d+)", shown)
+    times = sorted(line["time"] for line in starts)
+    # The broker counts when it takes a start; a record is written a moment after: a window a little shorter
+    # than the limit's tells the limit without that moment's jitter.
+    assert max(sum(1 for t in times if first <= t < first + 2.5) for first in times) == 10
+    assert sorted(line["n"] for line in starts) == list(range(35))
+    assert {line["attempt"] for line in starts} == {1}

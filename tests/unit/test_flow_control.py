@@ -1,0 +1,125 @@
+"""Flow control (``concurrency=``, ``rate_limit=``): the options as written, and limits in the in-process mode on
+its virtual clock. Over the fleet, on RabbitMQ: ``tests/broker/test_flow_control.py``."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from amqp_events import EventsApp, events_app
+from amqp_events.limits import Rate, parse_rates
+from amqp_events.limits.options import limits_of
+from amqp_events.testing.in_process import in_process
+
+URL = "amqp://mailer:secret@in-process.invalid//"
+
+
+@pytest.fixture
+def mailer() -> Iterator[EventsApp]:
+    app = events_app("mailer", broker_url=URL)
+    yield app
+    app.close()
+
+
+def test_rates_are_read_as_celery_writes_them_and_a_day_and_multiples_besides():
+    assert parse_rates("50/m") == (Rate(50, 60),)
+    assert parse_rates("100000/d, 10/s") == (Rate(10, 1), Rate(100000, 86400))
+    assert parse_rates("5/10s") == (Rate(5, 10),)
+    assert [str(rate) for rate in parse_rates("10/s,100000/d,5/10s,7/2h")] == ["10/s", "5/10s", "7/2h", "100000/d"]
+    assert Rate(50, 60).spacing == 1.2
+
+
+@pytest.mark.parametrize("written", ["", "50", "50/x", "0/m", "5/0s", "-1/s", "10/s,20/s", "ten/s", "5/m;"])
+def test_a_rate_that_is_not_one_is_refused_saying_how_to_write_it(written):
+    with pytest.raises(ValueError, match=r"rate|window|count"):
+        parse_rates(written)
+
+
+@given(st.lists(st.tuples(st.integers(1, 10**6), st.sampled_from("smhd"), st.integers(1, 9)), min_size=1, max_size=4))
+def test_a_rate_written_back_reads_as_itself(parts):
+    written = ",".join(f"{count}/{multiple}{unit}" for count, unit, multiple in parts)
+    try:
+        rates = parse_rates(written)
+    except ValueError as exc:
+        assert "twice" in str(exc)  # two parts with one window
+        return
+    assert parse_rates(",".join(map(str, rates))) == rates
+
+
+def test_the_options_are_checked_when_the_handler_is_registered(mailer):
+    with pytest.raises(TypeError, match="concurrency=0 must be at least 1"):
+        mailer.handler("mail.send", concurrency=0)(lambda to: None)
+    with pytest.raises(TypeError, match="rate_limit='50/x'"):
+        mailer.handler("mail.send", rate_limit="50/x")(lambda to: None)
+    with pytest.raises(TypeError, match="concurrency_key= needs the limit it keys"):
+        mailer.handler("mail.send", concurrency_key="to")(lambda to: None)
+    with pytest.raises(TypeError, match="'account' is not one of its event's arguments"):
+        mailer.handler("mail.send", concurrency=1, concurrency_key="account")(lambda to: None)
+    with pytest.raises(TypeError, match="ordered handler"):
+        mailer.handler("mail.send", ordered_by="to", concurrency=1)(lambda to: None)
+
+
+def test_celery_s_rate_limit_on_a_handler_is_the_fleet_wide_one_and_celery_s_own_is_left_unset(mailer):
+    @mailer.handler("mail.send", rate_limit="50/m")
+    def send(to: str) -> None: ...
+
+    task = mailer.tasks["mail.send"]
+    assert task.rate_limit is None  # Celery would count per worker process, holding what waits in memory
+    assert limits_of(mailer.handlers["mail.send"]).rates == (Rate(50, 60),)
+
+
+def test_200_events_at_50_a_minute_take_4_minutes_on_the_virtual_clock_and_no_minute_has_more(mailer):
+    @mailer.event("mail.requested")
+    def requested(n: int) -> None: ...
+
+    @mailer.handler("mail.requested", rate_limit="50/m")
+    def send(n: int) -> None: ...
+
+    with in_process(mailer) as events:
+        for n in range(200):
+            requested(n)
+        took = events.drain()
+        runs = [run for run in events.handled("mailer") if run.outcome == "success"]
+        waits = [run for run in events.runs if run.outcome != "success"]
+    assert sorted(run.kwargs["n"] for run in runs) == list(range(200))  # each once
+    assert 180 <= took <= 240 + 10  # the 4th minute's 50 start after 3 minutes
+    starts = sorted(run.at for run in runs)
+    for first in starts:  # every 60-second window from a start holds at most 50
+        assert sum(1 for at in starts if 0 <= (at - first).total_seconds() < 60) <= 50
+    assert {run.outcome for run in waits} == {"over_limit"}  # a wait is not an attempt: never a retry
+    assert {run.attempt for run in runs} == {1}
+
+
+def test_a_rate_per_key_holds_each_key_back_and_lets_the_others_go(mailer):
+    @mailer.event("mail.requested")
+    def requested(account: str, n: int) -> None: ...
+
+    @mailer.handler("mail.requested", rate_limit="2/m", rate_limit_key="account")
+    def send(account: str, n: int) -> None: ...
+
+    with in_process(mailer) as events:
+        for n in range(6):
+            requested("hot", n)
+        requested("cold", 0)
+        first = Counter(run.kwargs["account"] for run in events.handled("mailer") if run.outcome == "success")
+        assert first == {"hot": 2, "cold": 1}  # the cold account is not held up behind the hot one
+        assert 120 <= events.drain() <= 190
+        ran = [run for run in events.handled("mailer") if run.outcome == "success"]
+    assert Counter(run.kwargs["account"] for run in ran) == {"hot": 6, "cold": 1}
+
+
+def test_an_event_without_its_key_is_archived_as_bad_arguments(mailer):
+    @mailer.event("mail.requested")
+    def requested(n: int) -> None: ...
+
+    @mailer.handler("mail.requested", concurrency=1, concurrency_key=lambda n: {"odd": 1}[n])
+    def send(n: int) -> None: ...
+
+    with in_process(mailer) as events:
+        requested(2)
+        [archived] = events.archived("mailer")
+    assert archived.reason == "bad_arguments" and "no key" in archived.exception_message
