@@ -10,7 +10,7 @@ import signal
 import subprocess
 
 import pytest
-from helpers import AMQP_EVENTS, TESTS, wait_archived
+from helpers import AMQP_EVENTS, TESTS, queue_state, wait_archived
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
@@ -108,4 +108,24 @@ def test_a_rate_limit_holds_over_two_workers_in_every_window(worker, producer, r
     # than the limit's tells the limit without that moment's jitter.
     assert max(sum(1 for t in times if first <= t < first + 2.5) for first in times) == 10
     assert sorted(line["n"] for line in starts) == list(range(35))
+    assert {line["attempt"] for line in starts} == {1}
+
+
+def test_a_handler_whose_breaker_closes_after_an_outage_drains_its_backlog_at_its_limit(worker, producer, records, cli):
+    worker("mailer", env={"RATE": "10/3s"})
+    worker("mailer", env={"RATE": "10/3s"})
+    queue = "mailer:mail.paced"
+    consumers = lambda: queue_state(producer, queue)  # noqa: E731
+    wait_for(lambda: consumers()[1] == 2, 30, what="both workers consuming")
+    opened = cli("breakers", "open", "paced", app="services.mailer")  # the provider is down: an operator's hold
+    assert "open: 2 worker(s)" in opened.output, opened.output
+    for n in range(30):
+        producer.fire("mail.paced", [], {"n": n})
+    assert consumers() == (30, 0) and records.all() == []  # the backlog waits in its queue
+    closed = cli("breakers", "close", "paced", app="services.mailer")
+    assert "close: 2 worker(s)" in closed.output, closed.output
+    starts = records.wait(30, 120, handler="paced", tag="start")
+    times = sorted(line["time"] for line in starts)
+    assert max(sum(1 for t in times if first <= t < first + 2.5) for first in times) == 10  # at its limit
+    assert sorted(line["n"] for line in starts) == list(range(30))
     assert {line["attempt"] for line in starts} == {1}
