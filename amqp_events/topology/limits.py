@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Any
 
@@ -29,11 +30,13 @@ def limit_prefix(service: str, task: str, key: Any = None) -> str:
     return f"{prefix}.key.{hashlib.sha256(repr(key).encode()).hexdigest()[:24]}"
 
 
-def lease_names(prefix: str, concurrency: int) -> list[str]:
+@functools.lru_cache(maxsize=4096)  # asked for each run of a limited handler: its names are made once
+def lease_names(prefix: str, concurrency: int) -> tuple[str, ...]:
     """The leases a run may hold: one of them each."""
-    return [f"{prefix}.run.{n}" for n in range(concurrency)]
+    return tuple(f"{prefix}.run.{n}" for n in range(concurrency))
 
 
+@functools.lru_cache(maxsize=4096)  # likewise (a worker binds the value it is given to a channel of its own)
 def window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:
     """The queue that counts the starts of one window (at most ``count`` in any ``seconds``); ``keyed``: one
     key's, deleted when unused."""

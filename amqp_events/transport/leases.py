@@ -122,9 +122,8 @@ class Leases:
 
     def _open(self) -> Connection:
         if self._connection is None or self._pid != os.getpid():
-            self._connection = self._leasing = self._counting = None  # a forked child's are its parent's
-            self._declared.clear()
-            self._held.clear()
+            self._connection = None  # a forked child's are its parent's
+            self._forget()
             connection = self._connect()
             connection.connect()
             self._connection, self._pid = connection, os.getpid()
@@ -132,12 +131,17 @@ class Leases:
 
     def _reset(self) -> None:
         connection, self._connection = self._connection, None
-        self._leasing = self._counting = None
-        self._declared.clear()
-        self._held.clear()  # the connection's end gave them back
+        self._forget()
         if connection is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):  # already gone: what it held went with it
                 connection.close()
+
+    def _forget(self) -> None:
+        """Drop what belonged to a connection gone: its channels, its declarations, its leases (its end gave them
+        back)."""
+        self._leasing = self._counting = None
+        self._declared.clear()
+        self._held.clear()
 
     @contextlib.contextmanager
     def _failing_resets(self) -> Iterator[None]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -161,13 +161,17 @@ class MemoryBroker:
         if not any(route.key == key and route.destination == destination for route in routes):
             routes.append(Route(key, pattern, destination, dict(arguments or {})))
 
-    def hold(self, names: list[str]) -> str | None:
+    def hold(self, names: Sequence[str]) -> str | None:
         """The first of ``names`` not held, now held (an exclusive queue's declaration); ``None``: each is."""
         for name in names:
             if name not in self.leases:
                 self.leases.add(name)
                 return name
         return None
+
+    def release(self, name: str) -> None:
+        """Give back the lease ``name`` (its exclusive queue deleted)."""
+        self.leases.discard(name)
 
     # -- publishing ---------------------------------------------------------------------------------
 

@@ -68,10 +68,10 @@ class InProcessTransport:
         return self.broker.read_stream(stream, start)
 
     def hold(self, names: Sequence[str]) -> str | None:
-        return self.broker.hold(list(names))
+        return self.broker.hold(names)
 
     def release(self, name: str) -> None:
-        self.broker.leases.discard(name)
+        self.broker.release(name)
 
     def admit(self, window: Queue) -> bool:
         self.broker.declare_queue(window)
