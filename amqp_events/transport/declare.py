@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +28,13 @@ _INEQUIVALENT = re.compile(
     r" in vhost '(?P<vhost>[^']*)': received (?P<received>.+?) but current is (?P<current>.+)$"
 )
 _VALUE = re.compile(r"^(?:the value )?'(?P<value>.*?)'(?: of type '[^']*')?$")
+
+# RabbitMQ 3.x looks a queue up in two tables without a transaction: a declaration racing another connection's
+# creation of the same durable queue may be told its "home node ... is down or inaccessible" (processes of one
+# service starting together). Asked again, the queue is there; a home node really down is still reported.
+_CREATION_RACE = "is down or inaccessible"
+_CREATION_RACE_TRIES = 50
+_CREATION_RACE_PAUSE = 0.1
 
 
 def mismatch(error: PreconditionFailed) -> TopologyMismatch:
@@ -55,8 +63,11 @@ def mismatch(error: PreconditionFailed) -> TopologyMismatch:
 
 
 def missing(error: NotFound, topology: Topology) -> TopologyMissing:
-    """A shared exchange or queue that is not there, although this service only checks it."""
+    """A shared exchange or queue that is not there, although this service only checks it; or a queue whose
+    node is down."""
     reply = str(getattr(error, "reply_text", "") or error)
+    if _CREATION_RACE in reply:
+        return TopologyMissing(f"{reply}: service {topology.service!r} starts once the node holding it runs again")
     return TopologyMissing(
         f"{reply}: service {topology.service!r} only checks the topology every service shares "
         "(amqp_events_shared_topology = 'check'); an administrator declares it with "
@@ -104,10 +115,7 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
         for exchange in topology.exchanges:
             exchange.declare(channel=channel)  # passive, when only checked (layout.shared_exchange)
         for queue in topology.queues:
-            if only_checked(queue.name):
-                channel.queue_declare(queue.name, passive=True)
-            else:
-                channel = _declare_queue(connection, channel, queue, kept)
+            channel = _declare_queue(connection, channel, queue, kept, passive=only_checked(queue.name))
         for link in topology.bindings:
             destination: Any = link.destination  # a Queue or an Exchange: both bind the same way
             if not only_checked(destination.name):
@@ -142,16 +150,29 @@ def declare_topology(connection: Connection, topology: Topology) -> list[str]:
     return list(kept)
 
 
-def _declare_queue(connection: Connection, channel: Any, queue: Queue, kept: dict[str, list[str]]) -> Any:
-    """Declare ``queue``; on a mismatch of an argument it may be kept without, declare it without that one.
+def _declare_queue(
+    connection: Connection, channel: Any, queue: Queue, kept: dict[str, list[str]], passive: bool = False
+) -> Any:
+    """Declare ``queue`` (or only check it, ``passive``); on a mismatch of an argument it may be kept without,
+    declare it without that one.
 
     Returns the channel to go on with (a refused declaration closes its channel).
     """
     arguments = dict(getattr(queue, "queue_arguments", None) or {})
+    tries = 0
     while True:
         try:
-            _like(queue, arguments).declare(channel=channel)
+            if passive:
+                channel.queue_declare(queue.name, passive=True)
+            else:
+                _like(queue, arguments).declare(channel=channel)
             return channel
+        except NotFound as error:
+            tries += 1
+            if _CREATION_RACE not in str(error) or tries == _CREATION_RACE_TRIES:
+                raise
+            time.sleep(_CREATION_RACE_PAUSE)
+            channel = connection.channel()
         except PreconditionFailed as error:
             found = mismatch(error)
             earlier = earlier_dead_lettering(queue.name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 from kombu import Connection
@@ -89,3 +90,30 @@ def test_the_eventlet_pool_is_refused_with_a_message_that_names_gevent(worker):
     process = worker("orders", pool="eventlet", concurrency=10, ready=False)
     wait_for(lambda: not process.is_running(), 60, what="the worker to stop")
     assert "the eventlet pool is not supported" in process.log() and "-P gevent" in process.log()
+
+
+def test_workers_starting_together_on_a_fresh_vhost_each_declare_the_topology(broker_url):
+    """Processes of one service (a consuming pool's, or a fleet's) declare the same queues at the same moment: on
+    RabbitMQ 3.10 a declaration racing another's creation of a durable queue may be told its home node is down."""
+    app = events_app("orders", broker_url=broker_url)
+    topology = app.topology
+    barrier = threading.Barrier(6)
+    failures: list[BaseException] = []
+
+    def declare() -> None:
+        with Connection(broker_url) as connection:
+            connection.connect()
+            barrier.wait(30)
+            try:
+                declare_topology(connection, topology)
+            except Exception as error:  # what each process would stop with
+                failures.append(error)
+
+    threads = [threading.Thread(target=declare) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert failures == []
+    app.close()
