@@ -232,11 +232,7 @@ class WorkerBreakers:
     def matching(self, handler: str) -> list[str]:
         """Queues of the handlers called ``handler``: the function's name, its full name, the event, or the name
         it was registered with."""
-        return [
-            task
-            for task, found in self.handlers.items()
-            if handler in (found.name, found.short_name, found.event, found.task_name, found.label)
-        ]
+        return [task for task, found in self.handlers.items() if found.known_as(handler)]
 
     def _apply(self, task: str, transition: Transition | None) -> bool:
         if transition is None:

@@ -91,6 +91,11 @@ class Handler:
         """The function's or class's own name, without its module."""
         return self.name.rsplit(".", 1)[-1]
 
+    def known_as(self, name: str) -> bool:
+        """Whether an operator's ``name`` means this handler: its function's name, its full name, its event, or the
+        name it was registered with."""
+        return name in (self.name, self.short_name, self.event, self.task_name, self.label)
+
     def fit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call's arguments for a payload (an instance of the event class, for class events);
         :class:`~amqp_events.BadArguments` when the payload does not fit."""

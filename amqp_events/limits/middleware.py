@@ -7,6 +7,9 @@ its rate; a moment for a lease) and come back to its handler's queue. The worker
 queue for as long (:meth:`~amqp_events.breakers.worker.WorkerBreakers.back_off`), so a backlog over its limit waits
 in the queue, not going round; a limit per key keeps the queue going for the other keys.
 
+An operator's limits set at run time (``amqp-events limits set``: :mod:`~amqp_events.limits.overrides`) are in
+force instead of the code's, in every worker, a moment after they are written.
+
 A start refused by one window may already be counted by a shorter one: a limit is never exceeded, and a handler
 at one of its limits may start slightly fewer runs than another allows.
 """
@@ -22,9 +25,11 @@ from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import CannotRun, Outcome, decide, wait_over_limit
 from amqp_events.errors import BadArguments, OverLimit
-from amqp_events.limits.options import limits_of
+from amqp_events.limits.operations import in_force
+from amqp_events.limits.options import Limits, limits_of
+from amqp_events.limits.overrides import Override, decode
 from amqp_events.settings import Settings
-from amqp_events.topology.limits import lease_names, limit_prefix, window_queue
+from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings, window_queue
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
@@ -41,6 +46,10 @@ LEASE = "flow_control_lease"
 class FlowControl(Middleware):
     """Apply each limited handler's ``concurrency=`` and ``rate_limit=`` across the service's workers."""
 
+    def __init__(self) -> None:
+        #: The last table of limits set at run time that was read, and its rows.
+        self._table: tuple[bytes | None, dict[str, Override]] = (None, {})
+
     @classmethod
     def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> Middleware | None:
         return cls() if any(limits_of(handler) for handler in handlers) else None
@@ -50,7 +59,7 @@ class FlowControl(Middleware):
         if handler is None or not limits_of(handler):
             return None
         try:
-            return _take(attempt, handler)
+            return _take(attempt, handler, self.limits_in_force(attempt, handler))
         except BadArguments as exc:  # no key in its arguments: it can never run
             context = attempt.context
             cannot = CannotRun(Reason.BAD_ARGUMENTS, exc)
@@ -59,10 +68,21 @@ class FlowControl(Middleware):
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
         _release(attempt)
 
+    def limits_in_force(self, attempt: Attempt, handler: Handler) -> Limits:
+        """``handler``'s limits: its code's, or those an operator set at run time."""
+        context = attempt.context
+        body = context.transport.limit_table(limit_settings(context.name).name)
+        if body != self._table[0]:
+            try:
+                self._table = (body, decode(body) if body is not None else {})
+            except ValueError as exc:  # written by hand, or by another version: the table in force stays
+                logger.warning("the limits set at run time for %r are not read: %s", context.name, exc)
+                self._table = (body, self._table[1])
+        return in_force(handler, self._table[1])
 
-def _take(attempt: Attempt, handler: Handler) -> Outcome | None:
+
+def _take(attempt: Attempt, handler: Handler, limits: Limits) -> Outcome | None:
     """Take what a run of ``handler`` needs: ``None`` when it may start, else the outcome of its wait."""
-    limits = limits_of(handler)
     context, delivery = attempt.context, attempt.delivery
     args: tuple[Any, ...] = tuple(delivery.args)
     kwargs: dict[str, Any] = dict(delivery.kwargs)

@@ -6,6 +6,9 @@
   most ``count`` persistent messages that each live ``seconds``, refusing more (``x-overflow: reject-publish``): a
   start is a message it took. Reached through the service's direct exchange, by its name. A key's window is deleted once
   unused for a while (``x-expires``): by then every start it counted has expired.
+* The limits an operator set at run time (``amqp-events limits set``): ``<service>.limits``, a stream whose messages
+  are each the whole table, the last one in force (:mod:`amqp_events.limits.overrides`). Declared by the first
+  ``limits set``; every worker reads it from its last message on and follows it.
 """
 
 from __future__ import annotations
@@ -61,3 +64,20 @@ def redeclare_every(queue: Queue) -> float:
     half its ``x-expires`` (a window without one is declared once per connection)."""
     expires = (getattr(queue, "queue_arguments", None) or {}).get("x-expires")
     return float(expires) / 2000 if expires else float("inf")
+
+
+#: Bytes a service's stream of limits set keeps (each message is the whole table; the last one always stays).
+SETTINGS_BYTES = 1_000_000
+
+
+@functools.lru_cache(maxsize=64)  # asked for each run of a limited handler
+def limit_settings(service: str) -> Queue:
+    """The stream of ``service``'s limits set at run time, reached through its direct exchange by its name."""
+    name = f"{check_service_name(service)}.limits"
+    arguments: dict[str, object] = {
+        "x-queue-type": "stream",
+        "x-max-length-bytes": SETTINGS_BYTES,
+        "x-stream-max-segment-size-bytes": SETTINGS_BYTES // 10,
+    }
+    direct = Exchange(direct_exchange_name(service), "direct", durable=True, auto_delete=False)
+    return Queue(name, exchange=direct, routing_key=name, durable=True, auto_delete=False, queue_arguments=arguments)

@@ -115,4 +115,14 @@ class Transport(Protocol):
         """Count a start in the bounded queue ``window`` (:mod:`amqp_events.topology.limits`); ``False`` when it
         is full."""
 
+    def limit_table(self, stream: str) -> bytes | None:
+        """The last table of limits set at run time in ``stream`` as this process follows it (``None``: none was):
+        what a worker applies."""
+
+    def read_limit_table(self, stream: str) -> bytes | None:
+        """The last table of limits set at run time in ``stream``, read now (``None``: none was)."""
+
+    def write_limit_table(self, stream: Queue, body: bytes, content_type: str) -> None:
+        """Write a table of limits as the last message of ``stream`` (declared first), with a broker confirm."""
+
     def close(self) -> None: ...

@@ -29,6 +29,7 @@ from amqp.exceptions import MessageNacked, ResourceLocked
 from kombu import Connection, Queue
 
 from amqp_events.topology.limits import redeclare_every
+from amqp_events.transport.limit_settings import Following
 
 #: How many windows a process remembers declaring (a key's window is declared again past this).
 REMEMBERED_WINDOWS = 10_000
@@ -52,6 +53,8 @@ class Leases:
         self._declared: dict[str, float] = {}
         #: The broker returned the message just published (no queue took it).
         self._returned = False
+        #: The streams of limits set at run time this connection follows.
+        self._following: dict[str, Following] = {}
 
     def hold(self, names: Sequence[str]) -> str | None:
         """Take one of ``names`` no connection holds, trying them from a random one on (workers asking at once
@@ -113,6 +116,15 @@ class Leases:
                 self._declared.pop(window.name, None)
             raise LookupError(f"the window {window.name!r} takes no message, even declared again")
 
+    def limit_table(self, stream: str) -> bytes | None:
+        """The last table of limits written to ``stream``, as this connection has read it."""
+        with self._lock, self._failing_resets():
+            connection = self._open()
+            following = self._following.get(stream)
+            if following is None:
+                following = self._following[stream] = Following(connection, stream)
+            return following.current()
+
     def _on_return(self, *returned: Any) -> None:
         self._returned = True
 
@@ -140,6 +152,7 @@ class Leases:
         """Drop what belonged to a connection gone: its channels, its declarations, its leases (its end gave them
         back)."""
         self._leasing = self._counting = None
+        self._following.clear()
         self._declared.clear()
         self._held.clear()
 

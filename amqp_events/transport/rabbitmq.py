@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError
 
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import Binding, Topology
-from amqp_events.transport import inspection, streams
+from amqp_events.transport import inspection, limit_settings, streams
 from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReading
 from amqp_events.transport.batches import ConfirmedBatchPublisher
 from amqp_events.transport.browse import browsing
@@ -125,6 +125,9 @@ class RabbitMQ:
     def admit(self, window: Queue) -> bool:
         return self.leases.admit(window)
 
+    def limit_table(self, stream: str) -> bytes | None:
+        return self.leases.limit_table(stream)
+
     def close(self) -> None:
         self.publisher.close()
         self.leases.close()
@@ -152,6 +155,16 @@ class RabbitMQ:
     def queue_states(self, queues: Iterable[str]) -> dict[str, tuple[int, int]]:
         """``(ready messages, consumers)`` of each of ``queues`` that exists."""
         return inspection.queue_states(self.app.connection_for_write, queues)
+
+    def read_limit_table(self, stream: str) -> bytes | None:
+        """The last table of limits set at run time in ``stream`` (``None``: none yet)."""
+        with self.app.connection_for_write() as connection:
+            return limit_settings.read_table(connection, stream)
+
+    def write_limit_table(self, stream: Queue, body: bytes, content_type: str) -> None:
+        """Write a table of limits as the last message of ``stream`` (declared first), with a broker confirm."""
+        with self.app.connection_for_write() as connection:
+            limit_settings.write_table(connection, stream, body, content_type, self.timeout)
 
 
 @contextmanager

@@ -100,7 +100,11 @@ def _messages(
             yield (
                 offset,
                 StoredMessage(
-                    headers, body, message.content_type, message.content_encoding, message.properties.get("user_id")
+                    headers,
+                    body,
+                    message.properties.get("content_type"),  # a message may come without either
+                    message.properties.get("content_encoding"),
+                    message.properties.get("user_id"),
                 ),
             )
             if offset == end:

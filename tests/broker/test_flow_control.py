@@ -18,15 +18,19 @@ from amqp_events.testing import wait_for
 pytestmark = pytest.mark.broker
 
 
-def limits_show(broker_url: str, **env: str) -> str:
-    """``amqp-events -A services.mailer limits show``, through the installed command."""
+def limits(broker_url: str, *args: str, **env: str) -> str:
+    """``amqp-events -A services.mailer limits ARGS``, through the installed command."""
     environment = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS), **env}
     done = subprocess.run(
-        [AMQP_EVENTS, "-A", "services.mailer", "limits", "show"],
+        [AMQP_EVENTS, "-A", "services.mailer", "limits", *args],
         cwd=TESTS, env=environment, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def limits_show(broker_url: str, **env: str) -> str:
+    return limits(broker_url, "show", **env)
 
 
 def intervals(records, handler: str) -> dict[int, tuple[float, float]]:
@@ -128,4 +132,35 @@ def test_a_handler_whose_breaker_closes_after_an_outage_drains_its_backlog_at_it
     times = sorted(line["time"] for line in starts)
     assert max(sum(1 for t in times if first <= t < first + 2.5) for first in times) == 10  # at its limit
     assert sorted(line["n"] for line in starts) == list(range(30))
+    assert {line["attempt"] for line in starts} == {1}
+
+
+def test_a_limit_set_at_run_time_is_in_force_in_every_worker_until_reset(worker, producer, records, broker_url):
+    for _ in range(2):  # four processes that each consume: what runs at once is the limit's, not the pool's
+        # (each holding only the event it runs: a process would run what it prefetched one after the other)
+        worker("mailer", "--prefetch-multiplier", "1", pool=None, concurrency=2, env={"CONCURRENCY": "1"})
+    for n in range(4):
+        producer.fire("mail.send", [], {"n": n, "sleep": 0.3})
+    wait_for(lambda: len(intervals(records, "send")) == 4, 60, what="four runs at the code's limit")
+    assert most_at_once(list(intervals(records, "send").values())) == 1
+
+    assert "mail.send: concurrency 3 (set at run time)" in limits(
+        broker_url, "set", "send", "--concurrency", "3", CONCURRENCY="1"
+    )
+    assert "concurrency 3  (set at run time" in limits_show(broker_url, CONCURRENCY="1")
+    for n in range(10, 22):
+        producer.fire("mail.send", [], {"n": n, "sleep": 1.0})
+    wait_for(lambda: len(intervals(records, "send")) == 16, 120, what="twelve runs at the limit set")
+    after = [span for n, span in intervals(records, "send").items() if n >= 10]
+    assert most_at_once(after) == 3  # every worker took the new limit, without a restart, and none passed it
+
+    assert "mail.send: concurrency 1" in limits(broker_url, "set", "send", "--reset", CONCURRENCY="1")
+    assert "set at run time" not in limits_show(broker_url, CONCURRENCY="1")
+    for n in range(30, 38):
+        producer.fire("mail.send", [], {"n": n, "sleep": 0.5})
+    wait_for(lambda: len(intervals(records, "send")) == 24, 120, what="eight runs after the reset")
+    # The reset reaches each worker a moment after it is written: the last runs are back at the code's limit.
+    last = sorted(span for n, span in intervals(records, "send").items() if n >= 30)[-4:]
+    assert most_at_once(last) == 1
+    starts = records.all(service="mailer", handler="send", tag="start")
     assert {line["attempt"] for line in starts} == {1}

@@ -23,6 +23,7 @@ from amqp_events.errors import PermissionRefused, TopologyMissing
 from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
 from amqp_events.topology import delays
+from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings
 
 CHECK = {"AMQP_EVENTS_SHARED_TOPOLOGY": "check"}
 
@@ -113,6 +114,15 @@ def attempts(url: str) -> dict[str, Any]:
             ).declare()
         ),
         "control orders' workers": publish("orders.control.pidbox", ""),
+        "set orders' limits at run time (its stream of limits)": on_channel(
+            lambda channel: limit_settings("orders")(channel).declare()
+        ),
+        "write a table to orders' stream of limits": publish("orders.direct", limit_settings("orders").name),
+        "hold a lease of orders' flow control": on_channel(
+            lambda channel: channel.queue_declare(
+                lease_names(limit_prefix("orders", "test.ping"), 1)[0], exclusive=True, auto_delete=False
+            )
+        ),
     }
 
 

@@ -3,6 +3,7 @@ its virtual clock. Over the fleet, on RabbitMQ: ``tests/broker/test_flow_control
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 
@@ -12,7 +13,9 @@ from hypothesis import strategies as st
 
 from amqp_events import EventsApp, events_app
 from amqp_events.limits import Rate, parse_rates
+from amqp_events.limits.operations import limited_handler, limits_set, set_limit
 from amqp_events.limits.options import limits_of
+from amqp_events.limits.overrides import Override, decode, encode
 from amqp_events.testing.in_process import in_process
 
 URL = "amqp://mailer:secret@in-process.invalid//"
@@ -123,3 +126,66 @@ def test_an_event_without_its_key_is_archived_as_bad_arguments(mailer):
         requested(2)
         [archived] = events.archived("mailer")
     assert archived.reason == "bad_arguments" and "no key" in archived.exception_message
+
+
+def test_a_limit_set_at_run_time_is_in_force_at_once_in_the_in_process_mode_and_a_reset_goes_back(mailer):
+    @mailer.event("mail.requested")
+    def requested(n: int) -> None: ...
+
+    @mailer.handler("mail.requested", rate_limit="50/m")
+    def send(n: int) -> None: ...
+
+    with in_process(mailer) as events:
+        handler = limited_handler(mailer.handlers, "send")
+        assert set_limit(mailer.transport, "mailer", handler, rate_limit="100/m").rates == (Rate(100, 60),)
+        for n in range(200):
+            requested(n)
+        assert 60 <= events.drain() <= 120 + 10  # 100 a minute: two minutes, not four
+        assert limits_set(mailer.transport, "mailer") == {"mail.requested": Override(None, "100/m")}
+        assert set_limit(mailer.transport, "mailer", handler, reset=True) == limits_of(handler)
+        assert limits_set(mailer.transport, "mailer") == {}
+
+
+def test_only_a_handler_with_a_limit_in_its_code_takes_one_at_run_time(mailer):
+    @mailer.handler("mail.requested", concurrency=2)
+    def send(n: int) -> None: ...
+
+    @mailer.handler("mail.requested", name="audit")
+    def audit(n: int) -> None: ...
+
+    assert limited_handler(mailer.handlers, "send").task_name == "mail.requested"
+    with pytest.raises(LookupError, match="no limit in its code"):
+        limited_handler(mailer.handlers, "audit")
+    with pytest.raises(LookupError, match=r"2 handlers are called 'mail\.requested'"):
+        limited_handler(mailer.handlers, "mail.requested")
+
+
+rows = st.builds(
+    Override,
+    st.none() | st.integers(1, 10_000),
+    st.none() | st.builds(lambda rates: ",".join(map(str, rates)), st.lists(st.builds(Rate, st.integers(1, 10**6),
+        st.sampled_from([1, 60, 3600, 86400])), min_size=1, max_size=4, unique_by=lambda rate: rate.seconds)),
+)  # fmt: skip
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=40), rows, max_size=8))
+def test_a_table_of_limits_reads_back_as_written(table):
+    assert decode(encode(table)) == table
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.binary(max_size=300) | json_values.map(lambda value: json.dumps({"handlers": value}).encode()))
+def test_anything_else_on_the_stream_of_limits_is_refused_whole_with_a_reason(body):
+    """The stream is read from the broker: whatever is on it, a worker gets a table or a ValueError, never a crash."""
+    try:
+        table = decode(body)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        assert all(isinstance(row, Override) for row in table.values())

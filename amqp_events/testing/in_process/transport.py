@@ -81,6 +81,16 @@ class InProcessTransport:
         except QueueFull:
             return False
 
+    def limit_table(self, stream: str) -> bytes | None:
+        messages = self.broker.queues[stream].messages if stream in self.broker.queues else ()
+        return messages[-1].body if messages else None
+
+    read_limit_table = limit_table
+
+    def write_limit_table(self, stream: Queue, body: bytes, content_type: str) -> None:
+        self.broker.declare_queue(stream)
+        self.broker.publish(Envelope({}, body, content_type, "utf-8", {}, stream.exchange.name, stream.routing_key))
+
     def close(self) -> None:
         pass
 

@@ -10,6 +10,7 @@ import sqlite3
 import threading
 
 import pytest
+from amqp.exceptions import NotFound
 from docs_pages import EXAMPLE_BROKER, ROOT
 
 from amqp_events import events_app
@@ -189,6 +190,24 @@ def test_flow_control_s_backlog_goes_out_at_its_rate_in_a_test_and_on_the_broker
     )
     # The broker's count of the minute's starts: 50 (it takes no more), the other 10 waiting their turn.
     wait_for(lambda: flow.queue(window)[0] == 50, 60, what="the window full: 50 welcome emails started")
+
+    def limits(starting: str) -> str:
+        return flow.run(flow.line(f"amqp-events -A notifications.celery limits {starting}").split("  #")[0]).stdout
+
+    assert "accounts.signed_up: concurrency 5; 20/m (set at run time)" in limits("set send_welcome --rate-limit")
+    assert "concurrency 5; 20/m  (set at run time" in limits("show")
+
+    def started(window: str) -> int:
+        try:
+            return int(flow.queue(window)[0])
+        except NotFound:  # not declared yet: the worker declares a window as it counts its first start
+            return 0
+
+    # The worker takes the new rate without a restart: the 10 that waited start in a window of 20 a minute.
+    wait_for(lambda: started(window.replace("50per60s", "20per60s")) == 10, 90, what="the waiting 10 started")
+    assert "accounts.signed_up: 20/m (set at run time)" in limits("set send_welcome --concurrency")
+    assert "accounts.signed_up: concurrency 5; 50/m" in limits("set send_welcome --reset")
+    assert "set at run time" not in limits("show")
     assert notifications.is_running()
 
 
