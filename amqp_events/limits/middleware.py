@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from amqp_events.errors import BadArguments, OverLimit
 from amqp_events.limits.operations import in_force
 from amqp_events.limits.options import Limits, limits_of
 from amqp_events.limits.overrides import Override, decode
+from amqp_events.metrics import record_limit_run, record_limit_start, record_limit_wait
 from amqp_events.settings import Settings
 from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings, window_queue
 from amqp_events.wire.message import Reason
@@ -49,6 +51,7 @@ class FlowControl(Middleware):
     def __init__(self) -> None:
         #: The last table of limits set at run time that was read, and its rows.
         self._table: tuple[bytes | None, dict[str, Override]] = (None, {})
+        self.hot_keys = HotKeys()
 
     @classmethod
     def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> Middleware | None:
@@ -59,7 +62,7 @@ class FlowControl(Middleware):
         if handler is None or not limits_of(handler):
             return None
         try:
-            return _take(attempt, handler, self.limits_in_force(attempt, handler))
+            return _take(attempt, handler, self.limits_in_force(attempt, handler), self.hot_keys)
         except BadArguments as exc:  # no key in its arguments: it can never run
             context = attempt.context
             cannot = CannotRun(Reason.BAD_ARGUMENTS, exc)
@@ -81,9 +84,10 @@ class FlowControl(Middleware):
         return in_force(handler, self._table[1])
 
 
-def _take(attempt: Attempt, handler: Handler, limits: Limits) -> Outcome | None:
+def _take(attempt: Attempt, handler: Handler, limits: Limits, hot_keys: HotKeys) -> Outcome | None:
     """Take what a run of ``handler`` needs: ``None`` when it may start, else the outcome of its wait."""
     context, delivery = attempt.context, attempt.delivery
+    service = context.name
     args: tuple[Any, ...] = tuple(delivery.args)
     kwargs: dict[str, Any] = dict(delivery.kwargs)
     transport = context.transport
@@ -91,17 +95,47 @@ def _take(attempt: Attempt, handler: Handler, limits: Limits) -> Outcome | None:
         key = limits.concurrency_key(args, kwargs) if limits.concurrency_key else None
         lease = transport.hold(lease_names(limit_prefix(context.name, handler.task_name, key), limits.concurrency))
         if lease is None:
+            record_limit_wait(service, handler.name, "concurrency", hot_keys.label(handler.name, key))
             why = f"{limits.concurrency} run(s) of {handler.name} at once{_of(key)}"
             return _wait(attempt, why, LEASE_WAIT, key is not None)
         attempt.state[LEASE] = lease
+        record_limit_run(service, handler.name, 1)
     for rate in limits.rates:
         key = limits.rate_key(args, kwargs) if limits.rate_key else None
         prefix = limit_prefix(context.name, handler.task_name, key)
         window = window_queue(prefix, rate.count, rate.seconds, key is not None)
         if not transport.admit(window):
             _release(attempt)
+            record_limit_wait(service, handler.name, "rate", hot_keys.label(handler.name, key))
             return _wait(attempt, f"{rate} runs of {handler.name} started{_of(key)}", rate.spacing, key is not None)
+    record_limit_start(service, handler.name)
     return None
+
+
+class HotKeys:
+    """The keys a per-key limit holds back most, by name in the metrics: a key once it has waited ``hot`` times in
+    this process, up to ``top`` per handler; the others are ``other``. Bounded: keys come from the events."""
+
+    def __init__(self, top: int = 10, hot: int = 10, tracked: int = 1000) -> None:
+        self.top, self.hot, self.tracked = top, hot, tracked
+        self._named: dict[str, set[str]] = {}
+        self._waits: dict[str, Counter[str]] = {}
+
+    def label(self, handler: str, key: Any) -> str:
+        if key is None:
+            return ""
+        text = repr(key)[:64]
+        named = self._named.setdefault(handler, set())
+        if text in named:
+            return text
+        waits = self._waits.setdefault(handler, Counter())
+        if len(waits) >= self.tracked:  # the hot ones come back soon enough
+            waits.clear()
+        waits[text] += 1
+        if waits[text] >= self.hot and len(named) < self.top:
+            named.add(text)
+            return text
+        return "other"
 
 
 def _of(key: Any) -> str:
@@ -120,6 +154,8 @@ def _release(attempt: Attempt) -> None:
     lease = attempt.state.pop(LEASE, None)
     if lease is None:
         return
+    if attempt.handler is not None:
+        record_limit_run(attempt.context.name, attempt.handler.name, -1)
     try:
         attempt.context.transport.release(lease)
     except Exception as exc:  # its connection failed: the broker gave the lease back with it

@@ -124,6 +124,19 @@ def _create() -> dict[str, Any]:
             PREFIX + "health_check_state", "A health check's state: 0 healthy, 1 degraded, 2 unhealthy.",
             ["service", "check"], multiprocess_mode="max",
         ),
+        "limit_runs": Gauge(
+            PREFIX + "limit_runs", "Runs of a limited handler holding a place of its concurrency limit now.",
+            ["service", "handler"], multiprocess_mode="livesum",
+        ),
+        "limit_starts": Counter(
+            PREFIX + "limit_starts", "Runs of a limited handler its limits let start (their rate: its rate now).",
+            ["service", "handler"],
+        ),
+        "limit_waits": Counter(
+            PREFIX + "limit_waits", "Events that found their handler's limit reached and wait on the broker, by "
+            "limit (concurrency, rate) and key (the hottest keys; the others: other).",
+            ["service", "handler", "limit", "key"],
+        ),
         "parked_keys": Gauge(
             PREFIX + "parked_keys", "Keys of ordered handlers parked behind an archived event, by partition.",
             ["service", "partition"], multiprocess_mode="max",
@@ -174,6 +187,22 @@ def record_health(service: str, check: str, state: int) -> None:
 def record_parked_keys(service: str, partition: str, keys: int) -> None:
     if AVAILABLE:
         instruments()["parked_keys"].labels(service, partition).set(keys)
+
+
+def record_limit_run(service: str, handler: str, change: int) -> None:
+    """A run of a limited handler took (``1``) or gave back (``-1``) a place of its concurrency limit."""
+    if AVAILABLE:
+        instruments()["limit_runs"].labels(service, handler).inc(change)
+
+
+def record_limit_start(service: str, handler: str) -> None:
+    if AVAILABLE:
+        instruments()["limit_starts"].labels(service, handler).inc()
+
+
+def record_limit_wait(service: str, handler: str, limit: str, key: str) -> None:
+    if AVAILABLE:
+        instruments()["limit_waits"].labels(service, handler, limit, key).inc()
 
 
 class OutboxMetrics:

@@ -3,6 +3,7 @@ its virtual clock. Over the fleet, on RabbitMQ: ``tests/broker/test_flow_control
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 
 from amqp_events import EventsApp, events_app
 from amqp_events.limits import Rate, parse_rates
+from amqp_events.limits.middleware import HotKeys
 from amqp_events.limits.operations import limited_handler, limits_set, set_limit
 from amqp_events.limits.options import limits_of
 from amqp_events.limits.overrides import Override, decode, encode
@@ -189,3 +191,47 @@ def test_anything_else_on_the_stream_of_limits_is_refused_whole_with_a_reason(bo
         assert str(exc)
     else:
         assert all(isinstance(row, Override) for row in table.values())
+
+
+def test_hot_keys_are_named_in_the_metrics_up_to_a_bound_and_the_rest_are_other():
+    keys = HotKeys(top=2, hot=3, tracked=50)
+    assert keys.label("send", None) == ""
+    assert [keys.label("send", "acme") for _ in range(3)] == ["other", "other", "'acme'"]  # hot on its third wait
+    assert keys.label("send", "acme") == "'acme'"
+    for _ in range(3):
+        keys.label("send", 7)
+    assert [keys.label("send", "third") for _ in range(5)] == ["other"] * 5  # two named already
+    assert keys.label("send", "x" * 500) == "other"
+    named = [keys.label("audit", "y" * 500) for _ in range(3)][-1]  # another handler has a bound of its own
+    assert named == repr("y" * 500)[:64]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("prometheus_client") is None, reason="the [metrics] extra")
+def test_the_metrics_count_starts_waits_and_runs_holding_a_place(mailer):
+    from prometheus_client import REGISTRY
+
+    @mailer.event("mail.requested")
+    def requested(n: int) -> None: ...
+
+    @mailer.handler("mail.requested", rate_limit="5/m", concurrency=2)
+    def send(n: int) -> None:
+        held.append(REGISTRY.get_sample_value("amqp_events_limit_runs", labels))
+
+    held: list[float | None] = []
+    labels = {"service": "mailer", "handler": limited_handler(mailer.handlers, "send").name}
+
+    def value(name: str, **more: str) -> float:
+        return REGISTRY.get_sample_value(name, {**labels, **more}) or 0.0
+
+    starts, waits = (
+        value("amqp_events_limit_starts_total"),
+        value("amqp_events_limit_waits_total", limit="rate", key=""),
+    )
+    with in_process(mailer) as events:
+        for n in range(8):
+            requested(n)
+        events.drain()
+    assert value("amqp_events_limit_starts_total") - starts == 8
+    assert value("amqp_events_limit_waits_total", limit="rate", key="") - waits >= 3  # the sixth to eighth waited
+    assert held and all(running is not None and running >= 1 for running in held)  # its own place, while it ran
+    assert value("amqp_events_limit_runs") == 0  # every place given back
