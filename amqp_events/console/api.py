@@ -35,6 +35,7 @@ from amqp_events.console.fleet import Fleet
 from amqp_events.console.index import Snapshot
 from amqp_events.console.urls import SegmentRoute
 from amqp_events.errors import BadArguments, SteeringError
+from amqp_events.limits.overrides import Override
 from amqp_events.wire.archived import ArchivedMessage
 from amqp_events.wire.message import Reason
 
@@ -254,6 +255,34 @@ async def steer(request: Request, action: str) -> JSONResponse:
     return JSONResponse({"workers": matched})
 
 
+async def limits(request: Request) -> JSONResponse:
+    try:
+        table = await run_in_threadpool(fleet_of(request).limits, request.path_params["service"])
+    except ValueError as exc:
+        raise HTTPException(409, f"the limits set at run time cannot be read: {exc}") from None
+    return JSONResponse({"limits": {task: asdict(row) for task, row in table.items()}})
+
+
+async def set_limits(request: Request) -> JSONResponse:
+    """A handler's limits in every worker of the service: ``{"concurrency": 3, "rate_limit": "50/m"}`` (``null``: no
+    such limit), or ``{"reset": true}``: its code's again."""
+    values = await body_of(request)
+    if set(values) - {"concurrency", "rate_limit", "reset"}:
+        raise HTTPException(400, "give concurrency and rate_limit, or reset")
+    try:
+        row = None if values.get("reset") is True else Override(values.get("concurrency"), values.get("rate_limit"))
+    except (ValueError, TypeError) as exc:
+        raise HTTPException(400, str(exc)) from None
+    service, task = request.path_params["service"], request.path_params["handler"]
+    try:
+        table = await run_in_threadpool(fleet_of(request).set_limits, service, task, row, by(request))
+    except LookupError as exc:
+        raise HTTPException(404, str(exc)) from None
+    except ValueError as exc:
+        raise HTTPException(409, f"the limits set at run time cannot be read: {exc}") from None
+    return JSONResponse({"limits": {task: asdict(row) for task, row in table.items()}})
+
+
 async def body_of(request: Request) -> dict[str, Any]:
     try:
         values = await request.json()
@@ -289,4 +318,6 @@ routes = [
     SegmentRoute("/api/services/{service}/archive/{id}", archived_one),
     SegmentRoute("/api/services/{service}/handlers/{handler}/pause", pause, methods=["POST"]),
     SegmentRoute("/api/services/{service}/handlers/{handler}/resume", resume, methods=["POST"]),
+    Route("/api/services/{service}/limits", limits),
+    SegmentRoute("/api/services/{service}/limits/{handler}", set_limits, methods=["POST"]),
 ]

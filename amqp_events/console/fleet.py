@@ -23,6 +23,8 @@ from amqp_events.console.watch import Reading, Watch
 from amqp_events.core.arguments import by_name, check_arguments
 from amqp_events.errors import BadArguments, UnknownService
 from amqp_events.inbox.prune import prunable_stores
+from amqp_events.limits.operations import limits_set, set_row
+from amqp_events.limits.overrides import Override
 from amqp_events.topology.names import is_partition_queue
 from amqp_events.transport.management import ManagementAPI
 from amqp_events.wire.archived import ArchivedMessage
@@ -159,6 +161,23 @@ class Fleet:
             for partition, keys in sorted(control.parked(self.app, service, wait=1.0).items())
             for key, sequence in sorted(keys.items())
         ]
+
+    def limits(self, service: str) -> dict[str, Override]:
+        """The limits set at run time in ``service`` (``ValueError``: its table cannot be read)."""
+        self.service(service)
+        return limits_set(self.app.context.transport, service)
+
+    def set_limits(self, service: str, task: str, row: Override | None, by: str) -> dict[str, Override]:
+        """Set (or, ``None``, remove) the limits in force of ``service``'s handler ``task`` in every worker, as
+        ``amqp-events limits set`` does; :class:`LookupError` if the service has no handler queue of that name."""
+        found = self.service(service)
+        tasks = {queue.name.partition(":")[2] for queue in found.queues if queue.name.startswith(f"{service}:")}
+        if tasks and task not in tasks:
+            raise LookupError(f"{service!r} has no handler {task!r} (its handlers: {', '.join(sorted(tasks))})")
+        table = set_row(self.app.context.transport, service, task, row)
+        detail = {"limits": row.describe()} if row is not None else {}
+        self.audit.record(by, "set limits" if row is not None else "reset limits", service, f"handler {task}", **detail)
+        return table
 
     def archive(self, service: str) -> Archive:
         self.service(service)

@@ -75,12 +75,21 @@ def _service(request: Request, fleet: Fleet) -> Response:
         "filters_query": urlencode(wanted),
         "reasons": sorted(REASONS),
         "parked": fleet.parked(name),
+        "limits": _limits(fleet, name),
         "workers": fleet.workers(name),
         "heartbeat_window": round(2 * fleet.app.events_settings.heartbeat_interval),
         "per_service": any(queue.name == service_queue_name(name) for queue in found.queues),
         "chart": chart([found]),
     }
     return page(request, "archive.html", context)
+
+
+def _limits(fleet: Fleet, service: str) -> dict[str, Any] | str:
+    """The limits set at run time, or why they cannot be shown (the page shows the rest either way)."""
+    try:
+        return fleet.limits(service)
+    except Exception as exc:  # unreadable, or refused to the console's user
+        return f"The limits set at run time cannot be read: {exc}"
 
 
 def _matching(entries: tuple[Entry, ...], wanted: dict[str, str]) -> list[Entry]:

@@ -72,15 +72,14 @@ def changed(
     code: Limits,
     concurrency: int | Kept | None = KEEP,
     rate_limit: str | Kept | None = KEEP,
-) -> dict[str, Override]:
-    """``table`` with ``task``'s row set: each limit given, the others as they are in force (its row's, or its code's
+) -> Override:
+    """``task``'s row with each limit given, the others as they are in force (its row's in ``table``, or its code's
     ``code``). ``ValueError`` for a limit that is not one."""
     now = table.get(task) or written(code)
-    row = Override(
+    return Override(
         now.concurrency if concurrency is KEEP else concurrency,
         now.rate_limit if rate_limit is KEEP else rate_limit,
     )
-    return {**table, task: row}
 
 
 def encode(table: Table) -> bytes:

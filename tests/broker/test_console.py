@@ -387,3 +387,44 @@ def test_an_archived_id_with_slashes_and_dots_names_that_entry_of_its_service_al
     assert run["id"] == hostile
     assert [entry.id for entry in archive_of("shipping").list()] == ["victim-1"]  # untouched
     assert problems == []
+
+
+def test_an_operator_sets_a_handler_s_limits_on_its_page_and_every_worker_reads_them(
+    worker, producer, records, console, browser, broker_url
+):
+    worker("mailer", env={"CONCURRENCY": "1"})
+    worker("mailer", env={"CONCURRENCY": "1"})
+    page = browser.new_page()
+    page.goto(f"{console.url}/services/mailer/archive")
+    assert "None set at run time" in page.locator("main").inner_text()
+    page.fill("#limit-handler", "mail.send")
+    page.fill("#limit-concurrency", "two")
+    page.click("#set-limits")
+    assert "whole number" in outcome(page, "refused: ")  # refused with its reason; nothing written
+    page.fill("#limit-concurrency", "2")
+    page.fill("#limit-rate", "")
+    page.click("#set-limits")
+    answer = json.loads(outcome(page, "done: ").removeprefix("done: "))
+    assert answer == {"limits": {"mail.send": {"concurrency": 2, "rate_limit": None}}}
+    wait_for(lambda: page.locator("table.limits").count() == 1, 10, what="the page showing the limits set")
+    assert "mail.send 2 none" in " ".join(page.locator("table.limits").inner_text().split())
+    # Both workers (which read the table as they count runs) run two at once now, not their code's one.
+    for n in range(12):
+        producer.fire("mail.send", [], {"n": n, "sleep": 1.0})
+    runs = records.wait(24, 120, service="mailer", handler="send")
+    spans = {}
+    for line in runs:
+        spans.setdefault(line["n"], []).append(line["time"])
+    edges = sorted([(times[0], 1) for times in spans.values()] + [(times[1], -1) for times in spans.values()])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    assert most == 2
+    status, audit = call(f"{console.url}/api/audit?service=mailer")
+    assert status == 200 and [row["action"] for row in audit["records"]][:1] == ["set limits"]
+    page.goto(f"{console.url}/services/mailer/archive")
+    page.fill("#limit-handler", "mail.send")
+    page.click("#reset-limits")
+    assert json.loads(outcome(page, "done: ").removeprefix("done: ")) == {"limits": {}}
+    assert call(f"{console.url}/api/services/mailer/limits/mail.nope", {"reset": True}, CSRF)[0] == 404

@@ -34,7 +34,8 @@ function segment(text) {
 
 // The page's buttons (no inline handlers: the Content-Security-Policy runs the console's own files alone).
 // data-post: the change a button sends, data-ask its question, data-body what it sends (the ticked messages,
-// the page's filters, or nothing); data-verb: pause or resume the handler named in #handler.
+// the page's filters, or nothing); data-verb: pause or resume the handler named in #handler; data-limits: set or
+// reset the limits of the handler named in #limit-handler.
 function clicked(event) {
   const button = event.target.closest("button");
   if (!button) return;
@@ -44,11 +45,23 @@ function clicked(event) {
     act(data.post, data.body === "selected" ? {ids: selectedIds()} : data.body === "matching" ? matching : {}, data.ask);
   } else if (data.verb) {
     act(data.handlers + segment(document.getElementById("handler").value) + "/" + data.verb, {}, null, false);
+  } else if (data.limits) {
+    act(data.limits + segment(document.getElementById("limit-handler").value), limitsBody(data.change));
   } else if (button.matches("button.edit")) {
     editAndRetry(button);
   } else if ("close" in data) {
     button.closest("dialog").close();
   }
+}
+
+// The limits the form gives: empty is "no such limit"; anything but digits goes as written, for the console to
+// refuse with its reason (Number() would make it NaN, which JSON sends as null).
+function limitsBody(change) {
+  if (change === "reset") return {reset: true};
+  const concurrency = document.getElementById("limit-concurrency").value.trim();
+  const rate = document.getElementById("limit-rate").value.trim();
+  return {concurrency: concurrency === "" ? null : /^\d+$/.test(concurrency) ? Number(concurrency) : concurrency,
+          rate_limit: rate === "" ? null : rate};
 }
 
 // "3 min ago", the exact time on hover.
