@@ -19,6 +19,8 @@ ENTRY_POINT = re.compile(r"(cli_process\(|AMQP_EVENTS, |/ \"amqp-events\"\)|run\
 SPELLED_ELSEWHERE = {
     ("outbox", "init"): ("docs/guides/test_pages_with_extras.py", 'line("amqp-events -A shop.celery outbox init")'),
     ("broker", "ctl"): ("docs/guides/test_core_pages.py", 'line("amqp-events broker ctl list_users")'),
+    ("limits", "show"): ("broker/test_flow_control.py", 'limits(broker_url, "show"'),
+    ("limits", "set"): ("broker/test_flow_control.py", 'limits(broker_url, "set", "send", "--reset"'),
     **{
         ("broker", word): ("cluster/test_cluster.py", f'run("{word}"')
         for word in ("kill", "restart", "partition", "heal")
