@@ -159,6 +159,11 @@ class OverLimit(Exception):
         return str(self.args[0])
 
 
+class LimitUnavailable(Exception):
+    """A flow-control count cannot be reached now (the node holding a rate limit's window is down, or on the far side
+    of a partition): the start is not counted, so the event waits as one over its limit does."""
+
+
 class ProcessStopping(Exception):
     """A message taken while its pool process stops (recycled, or a warm shutdown) was handed back unrun."""
 

@@ -22,6 +22,7 @@ from bench import (
     console,
     coroutines,
     fleet,
+    flow_control,
     handling,
     history,
     in_process,
@@ -131,6 +132,14 @@ def main() -> int:
         if wanted("cloudevents"):
             keep(cloud_events.firing(bench, size))
             keep(cloud_events.handling(bench, size))
+        if wanted("limits_rate"):
+            keep(flow_control.rate_accuracy(bench, size))
+        if wanted("limits_kills"):
+            keep(flow_control.concurrency_under_kills(bench, size))
+        if wanted("limits_overhead"):
+            keep(flow_control.overhead(bench, size))
+        if wanted("limits_memory"):
+            keep(flow_control.memory_while_over_limit(bench, size))
         if wanted("test_module"):
             keep(in_process.a_test_module(bench, size))
         if wanted("console"):

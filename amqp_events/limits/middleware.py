@@ -25,7 +25,7 @@ from typing import Any
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import CannotRun, Outcome, decide, wait_over_limit
-from amqp_events.errors import BadArguments, OverLimit
+from amqp_events.errors import BadArguments, LimitUnavailable, OverLimit
 from amqp_events.limits.operations import in_force
 from amqp_events.limits.options import Limits, limits_of
 from amqp_events.limits.overrides import Override, decode
@@ -41,6 +41,8 @@ LEASE_WAIT = 1.0
 #: The longest an event over its rate waits at a time before it looks again (and a worker keeps off its handler's
 #: queue): the spacing of a long window's rate (``"1/d"``) says nothing of when its oldest start expires.
 LONGEST_WAIT = 60
+#: Seconds an event waits when its window cannot be reached (its node is down): a node restarts in seconds.
+UNAVAILABLE_WAIT = 5.0
 #: Where a run keeps its lease between ``before_handle`` and ``after_handle``.
 LEASE = "flow_control_lease"
 
@@ -63,6 +65,10 @@ class FlowControl(Middleware):
             return None
         try:
             return _take(attempt, handler, self.limits_in_force(attempt, handler), self.hot_keys)
+        except LimitUnavailable as exc:  # not counted, so not run: it waits as an event over its limit does
+            logger.warning("%s: an event of %s waits %ss", exc, handler.name, UNAVAILABLE_WAIT)
+            _release(attempt)
+            return _wait(attempt, str(exc), UNAVAILABLE_WAIT, False)
         except BadArguments as exc:  # no key in its arguments: it can never run
             context = attempt.context
             cannot = CannotRun(Reason.BAD_ARGUMENTS, exc)

@@ -10,8 +10,8 @@ A *window* is a durable classic queue that holds at most ``count`` messages, eac
 a start is a message it confirmed, and a nack says the window is full. One queue process takes them one at a time,
 so any number of workers share one limit exactly (a quorum queue's limit lets one more in: it learns it is full
 after the message that fills it past it); a crash counts what started, and a broker restart keeps the count (the
-messages are persistent). While the node holding a window is down, its handler's starts fail and are retried:
-they never run uncounted.
+messages are persistent). While the node holding a window is down, its handler's starts cannot be counted: they
+wait as starts over the limit do (:class:`~amqp_events.errors.LimitUnavailable`), never run uncounted.
 """
 
 from __future__ import annotations
@@ -25,12 +25,17 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from amqp import Message
-from amqp.exceptions import MessageNacked, ResourceLocked
+from amqp.exceptions import ConnectionError as AMQPConnectionError
+from amqp.exceptions import MessageNacked, NotFound, ResourceLocked
 from kombu import Connection, Queue
+from kombu.exceptions import OperationalError
 
+from amqp_events.errors import LimitUnavailable
 from amqp_events.topology.limits import redeclare_every
 from amqp_events.transport.limit_settings import Following
 
+#: The connection lost (its node down, the network cut) or not made: the counts cannot be reached now.
+LOST = (OSError, AMQPConnectionError, OperationalError)
 #: How many windows a process remembers declaring (a key's window is declared again past this).
 REMEMBERED_WINDOWS = 10_000
 
@@ -86,35 +91,45 @@ class Leases:
                 self._leasing.queue_delete(name)
 
     def admit(self, window: Queue) -> bool:
-        """Count a start in ``window``: ``False`` when it holds as many as it may."""
+        """Count a start in ``window``: ``False`` when it holds as many as it may; :class:`LimitUnavailable` when
+        the window's node cannot be reached (nothing is counted)."""
         with self._lock, self._failing_resets():
-            connection = self._open()
-            if self._counting is None:
-                self._counting = connection.channel()
-                self._counting.events["basic_return"].add(self._on_return)
-            for _ in range(2):  # a window that went (deleted, unbound) is declared again, once
-                now = time.monotonic()
-                declared = self._declared.get(window.name)
-                if declared is None or now - declared >= redeclare_every(window):
-                    window(self._counting).declare()
-                    if len(self._declared) >= REMEMBERED_WINDOWS:
-                        self._declared.clear()
-                    self._declared[window.name] = now
-                self._returned = False
-                try:
-                    self._counting.basic_publish_confirm(
-                        Message(b"", delivery_mode=2),
-                        window.exchange.name,
-                        window.routing_key,
-                        mandatory=True,
-                        confirm_timeout=self.timeout,
-                    )
-                except MessageNacked:
-                    return False
-                if not self._returned:  # a start is counted only where a window took it
-                    return True
+            try:
+                return self._admit(window)
+            except NotFound as exc:  # its node is down: the broker closed the channel, not the connection
+                self._counting = None
                 self._declared.pop(window.name, None)
-            raise LookupError(f"the window {window.name!r} takes no message, even declared again")
+                unavailable = str(exc)
+        raise LimitUnavailable(f"the window {window.name!r} cannot be reached: {unavailable}")
+
+    def _admit(self, window: Queue) -> bool:
+        connection = self._open()
+        if self._counting is None:
+            self._counting = connection.channel()
+            self._counting.events["basic_return"].add(self._on_return)
+        for _ in range(2):  # a window that went (deleted, unbound) is declared again, once
+            now = time.monotonic()
+            declared = self._declared.get(window.name)
+            if declared is None or now - declared >= redeclare_every(window):
+                window(self._counting).declare()
+                if len(self._declared) >= REMEMBERED_WINDOWS:
+                    self._declared.clear()
+                self._declared[window.name] = now
+            self._returned = False
+            try:
+                self._counting.basic_publish_confirm(
+                    Message(b"", delivery_mode=2),
+                    window.exchange.name,
+                    window.routing_key,
+                    mandatory=True,
+                    confirm_timeout=self.timeout,
+                )
+            except MessageNacked:
+                return False
+            if not self._returned:  # a start is counted only where a window took it
+                return True
+            self._declared.pop(window.name, None)
+        raise NotFound(f"the window {window.name!r} takes no message, even declared again")
 
     def limit_table(self, stream: str) -> bytes | None:
         """The last table of limits written to ``stream``, as this connection has read it."""
@@ -158,9 +173,13 @@ class Leases:
 
     @contextlib.contextmanager
     def _failing_resets(self) -> Iterator[None]:
-        """A failure other than a refusal drops the connection (what it held went with it) and raises."""
+        """A failure other than a refusal drops the connection (what it held went with it) and raises; the
+        connection lost or not made is :class:`LimitUnavailable` (nothing was counted: the event waits)."""
         try:
             yield
+        except LOST as exc:
+            self._reset()
+            raise LimitUnavailable(f"flow control's connection to the broker failed: {exc!r}") from exc
         except BaseException:
             self._reset()
             raise
