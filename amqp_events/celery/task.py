@@ -9,6 +9,7 @@ return (ack), raise ``Retry`` (a copy is on its way back; ack) or ``Ignore``
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
 from celery import Task
@@ -20,6 +21,8 @@ from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Outcome, Redeliver
 from amqp_events.topology import delays
 from amqp_events.wire.message import ENVELOPE
+
+logger = logging.getLogger(__name__)
 
 #: How a Celery task steers its run: the pipeline lets these pass untouched.
 CONTROL_FLOW: tuple[type[BaseException], ...] = (Retry, Ignore, Reject)
@@ -40,6 +43,20 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
     Request = "amqp_events.celery.request:EventRequest"
     #: The handler as the core sees it (set by ``@app.handler``).
     handler: ClassVar[Handler]
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        # Celery's own rate limit (from task_default_rate_limit or task_annotations) would count per worker process
+        # and hold what waits in its memory: a handler's limits are flow control's (rate_limit= on the handler).
+        if cls.rate_limit:
+            logger.warning(
+                "%s: Celery's rate limit %r (task_default_rate_limit or task_annotations) is not applied to a handler:"
+                " it would count per worker process and hold what waits in the worker's memory; give the handler "
+                "rate_limit= instead, counted over every worker (docs/guides/flow-control.md)",
+                cls.name,
+                cls.rate_limit,
+            )
+            cls.rate_limit = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

@@ -77,6 +77,27 @@ def test_celery_s_rate_limit_on_a_handler_is_the_fleet_wide_one_and_celery_s_own
     assert limits_of(mailer.handlers["mail.send"]).rates == (Rate(50, 60),)
 
 
+def test_celery_s_app_wide_rate_limits_never_reach_a_handler_and_say_why(caplog):
+    app = events_app(
+        "mailer", broker_url=URL, task_default_rate_limit="10/s", task_annotations={"mail.audit": {"rate_limit": "5/s"}}
+    )
+
+    @app.handler("mail.send", rate_limit="50/m")
+    def send(to: str) -> None: ...
+
+    @app.handler("mail.audit")
+    def audit(to: str) -> None: ...
+
+    @app.task(name="reports.daily")
+    def daily() -> None: ...
+
+    app.finalize()
+    assert app.tasks["mail.send"].rate_limit is None and app.tasks["mail.audit"].rate_limit is None
+    assert app.tasks["reports.daily"].rate_limit == "10/s"  # a plain task keeps Celery's own
+    assert "mail.send: Celery's rate limit '10/s'" in caplog.text and "give the handler rate_limit=" in caplog.text
+    app.close()
+
+
 def test_200_events_at_50_a_minute_take_4_minutes_on_the_virtual_clock_and_no_minute_has_more(mailer):
     @mailer.event("mail.requested")
     def requested(n: int) -> None: ...
