@@ -113,7 +113,7 @@ class Transport(Protocol):
 
     def admit(self, window: Queue) -> bool:
         """Count a start in the bounded queue ``window`` (:mod:`amqp_events.topology.limits`); ``False`` when it
-        is full."""
+        is full; :class:`~amqp_events.errors.LimitUnavailable` when it cannot be reached (nor can :meth:`hold`)."""
 
     def limit_table(self, stream: str) -> bytes | None:
         """The last table of limits set at run time in ``stream`` as this process follows it (``None``: none was):
