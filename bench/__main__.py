@@ -137,7 +137,7 @@ def main() -> int:
         if wanted("limits_kills"):
             keep(flow_control.concurrency_under_kills(bench, size))
         if wanted("limits_overhead"):
-            keep(flow_control.overhead(bench, size))
+            keep(*flow_control.overhead(bench, size))
         if wanted("limits_memory"):
             keep(flow_control.memory_while_over_limit(bench, size))
         if wanted("test_module"):

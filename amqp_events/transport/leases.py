@@ -36,6 +36,9 @@ from amqp_events.transport.limit_settings import Following
 
 #: The connection lost (its node down, the network cut) or not made: the counts cannot be reached now.
 LOST = (OSError, AMQPConnectionError, OperationalError)
+#: Seconds a process keeps a lease after its run ended, for its next run of the same handler (or key) to take
+#: without asking the broker (declaring and deleting an exclusive queue takes about 4 ms); then it is given back.
+KEEP_IDLE = 0.05
 #: How many windows a process remembers declaring (a key's window is declared again past this).
 REMEMBERED_WINDOWS = 10_000
 
@@ -54,6 +57,11 @@ class Leases:
         self._counting: Any = None
         #: The leases this process holds: its connection would declare one of them again without a refusal.
         self._held: set[str] = set()
+        #: Each held lease's names (those it was one of), for its next :meth:`hold` of them.
+        self._taken_from: dict[str, Sequence[str]] = {}
+        #: Of the held leases, those no run holds now: lease -> (when its run ended, the names it was taken from).
+        self._idle: dict[str, tuple[float, Sequence[str]]] = {}
+        self._sweeping = 0  # the pid whose thread gives idle leases back
         #: Window name -> when this connection last declared it.
         self._declared: dict[str, float] = {}
         #: The broker returned the message just published (no queue took it).
@@ -67,6 +75,10 @@ class Leases:
         start = random.randrange(len(names)) if names else 0
         with self._lock, self._failing_resets():
             connection = self._open()
+            for name, (_, taken_from) in self._idle.items():  # kept from the last run: no broker work
+                if taken_from is names or taken_from == names:
+                    del self._idle[name]
+                    return name
             for name in [*names[start:], *names[:start]]:
                 if name in self._held:  # another run of this process (a thread, a coroutine) holds it
                     continue
@@ -79,16 +91,41 @@ class Leases:
                     self._leasing = None
                     continue
                 self._held.add(name)
+                self._taken_from[name] = names
                 return name
             return None
 
     def release(self, name: str) -> None:
-        """Give the lease ``name`` back (a connection that failed meanwhile gave it back already)."""
-        with self._lock, self._failing_resets():
-            self._held.discard(name)
-            if self._connection is not None and self._pid == os.getpid():
-                self._leasing = self._leasing or self._connection.channel()
-                self._leasing.queue_delete(name)
+        """Give the lease ``name`` back (a connection that failed meanwhile gave it back already); this process keeps
+        it :data:`KEEP_IDLE` seconds for its next :meth:`hold` of the same names."""
+        with self._lock:
+            names = self._taken_from.get(name)
+            if names is None or self._connection is None or self._pid != os.getpid():
+                self._held.discard(name)
+                return
+            self._idle[name] = (time.monotonic(), names)
+            if self._sweeping != self._pid:  # the thread of this process (a forked child has none)
+                self._sweeping = self._pid
+                threading.Thread(target=self._sweep, name="amqp-events-leases", daemon=True).start()
+
+    def _sweep(self) -> None:
+        """Give back the leases kept idle past :data:`KEEP_IDLE`, until this process's connection goes."""
+        while True:
+            time.sleep(KEEP_IDLE / 2)
+            with self._lock:
+                if self._sweeping != os.getpid():
+                    return
+                now = time.monotonic()
+                expired = [name for name, (ended, _) in self._idle.items() if now - ended >= KEEP_IDLE]
+                try:
+                    for name in expired:
+                        del self._idle[name]
+                        self._held.discard(name)
+                        self._taken_from.pop(name, None)
+                        self._leasing = self._leasing or self._open().channel()
+                        self._leasing.queue_delete(name)
+                except Exception:  # the connection failed: what it held went with it
+                    self._reset()
 
     def admit(self, window: Queue) -> bool:
         """Count a start in ``window``: ``False`` when it holds as many as it may; :class:`LimitUnavailable` when
@@ -168,6 +205,8 @@ class Leases:
         back)."""
         self._leasing = self._counting = None
         self._following.clear()
+        self._idle.clear()
+        self._taken_from.clear()
         self._declared.clear()
         self._held.clear()
 

@@ -11,9 +11,12 @@ import subprocess
 
 import pytest
 from helpers import AMQP_EVENTS, TESTS, queue_state, wait_archived
+from kombu import Connection
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
+from amqp_events.topology.limits import lease_names, limit_prefix
+from amqp_events.transport.leases import Leases
 
 pytestmark = pytest.mark.broker
 
@@ -164,3 +167,20 @@ def test_a_limit_set_at_run_time_is_in_force_in_every_worker_until_reset(worker,
     assert most_at_once(last) == 1
     starts = records.all(service="mailer", handler="send", tag="start")
     assert {line["attempt"] for line in starts} == {1}
+
+
+def test_a_lease_kept_for_the_process_s_next_run_is_given_back_when_none_comes(broker_url):
+    """A process keeps a lease a moment after its run, so that a run of the same handler right after takes it
+    without asking the broker; with no such run, the lease goes back and another process takes it."""
+    names = lease_names(limit_prefix("mailer", "mail.send"), 1)
+    first, second = (Leases(lambda: Connection(broker_url, heartbeat=0)) for _ in range(2))
+    try:
+        assert first.hold(names) == names[0]
+        first.release(names[0])
+        assert first.hold(names) == names[0]  # its next run: the one it kept
+        first.release(names[0])
+        assert wait_for(lambda: second.hold(names), 10, what="the lease given back") == names[0]
+        assert first.hold(names) is None  # the other process holds it now
+    finally:
+        first.close()
+        second.close()
