@@ -223,7 +223,7 @@ def memory_while_over_limit(bench: Bench, size: Size) -> Result:
     return Result(
         f"worker memory with {shape.waiting:,} events waiting over their handler's limit",
         f"+{growth['ours']:.1f} MB RSS",
-        f"Celery's rate_limit='1/h': +{growth['celery']:.1f} MB (it holds what waits in the worker)",
+        f"Celery's rate_limit='1/h': +{growth['celery']:.1f} MB",
         None,
         "<= idle + 5 MB",
         growth["ours"] <= 5,

@@ -3,9 +3,10 @@
 * A run's *lease*: ``<service>.limit.<task>[.key.<digest>].run.<n>``, an exclusive queue of the connection of the
   process that runs it, for ``n`` below the limit; the broker deletes it when that connection ends.
 * A window of starts: ``<service>.limit.<task>[.key.<digest>].<count>per<seconds>s``, a durable classic queue of at
-  most ``count`` persistent messages that each live ``seconds``, refusing more (``x-overflow: reject-publish``): a
-  start is a message it took. Reached through the service's direct exchange, by its name. A key's window is deleted once
-  unused for a while (``x-expires``): by then every start it counted has expired.
+  most ``count`` persistent messages that each live ``seconds`` (and a slack: :func:`start_slack_ms`), refusing
+  more (``x-overflow: reject-publish``): a start is a message it took. Reached through the service's direct
+  exchange, by its name. A key's window is deleted once unused for a while (``x-expires``): by then every start it
+  counted has expired.
 * The limits an operator set at run time (``amqp-events limits set``): ``<service>.limits``, a stream whose messages
   are each the whole table, the last one in force (:mod:`amqp_events.limits.overrides`). Declared by the first
   ``limits set``; every worker reads it from its last message on and follows it.
@@ -39,6 +40,13 @@ def lease_names(prefix: str, concurrency: int) -> tuple[str, ...]:
     return tuple(f"{prefix}.run.{n}" for n in range(concurrency))
 
 
+def start_slack_ms(seconds: int) -> int:
+    """How much longer than its window a start is counted: a handler begins a moment after the broker counted its
+    start (the rest of the pipeline, a loaded machine), and a start counted that much longer still holds its place
+    while another is counted a whole window after it began. A fiftieth of the window, at most a second."""
+    return min(1000, seconds * 20)
+
+
 @functools.lru_cache(maxsize=4096)  # likewise (a worker binds the value it is given to a channel of its own)
 def window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:
     """The queue that counts the starts of one window (at most ``count`` in any ``seconds``); ``keyed``: one
@@ -50,7 +58,7 @@ def window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:
         "x-queue-type": "classic",
         "x-max-length": count,
         "x-overflow": "reject-publish",
-        "x-message-ttl": seconds * 1000,
+        "x-message-ttl": seconds * 1000 + start_slack_ms(seconds),
     }
     if keyed:
         arguments["x-expires"] = (2 * seconds + KEY_WINDOW_GRACE) * 1000
