@@ -159,7 +159,7 @@ class OverLimit(Exception):
         return str(self.args[0])
 
 
-class LimitUnavailable(Exception):
+class LimitUnavailable(AmqpEventsError):
     """A flow-control count cannot be reached now (the node holding a rate limit's window is down, or on the far side
     of a partition): the start is not counted, so the event waits as one over its limit does."""
 
