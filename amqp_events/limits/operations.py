@@ -47,15 +47,18 @@ def set_limit(
 ) -> Limits:
     """Set ``handler``'s limits in force in every worker of ``service`` (``None``: no such limit; ``reset``: its
     code's again); returns them. ``ValueError`` for a limit that is not one."""
-    task = handler.task_name
-    row = None if reset else changed(limits_set(transport, service), task, limits_of(handler), concurrency, rate_limit)
-    return in_force(handler, set_row(transport, service, task, row))
+    task, table = handler.task_name, limits_set(transport, service)
+    row = None if reset else changed(table, task, limits_of(handler), concurrency, rate_limit)
+    return in_force(handler, set_row(transport, service, task, row, table))
 
 
-def set_row(transport: Transport, service: str, task: str, row: Override | None) -> dict[str, Override]:
+def set_row(
+    transport: Transport, service: str, task: str, row: Override | None, table: dict[str, Override] | None = None
+) -> dict[str, Override]:
     """Write ``task``'s row of the table of limits set at run time (``None``: remove it, its code's limits in force
-    again); returns the table written. Workers apply a row to a handler that has a limit in its code."""
-    table = limits_set(transport, service)
+    again) into ``table`` (read now if not given); returns the table written. Workers apply a row to a handler that
+    has a limit in its code."""
+    table = limits_set(transport, service) if table is None else table
     if row is None:
         table.pop(task, None)
     else:

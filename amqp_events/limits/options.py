@@ -42,13 +42,22 @@ class Limits:
         return "; ".join(parts)
 
 
+def concurrency_refusal(concurrency: Any) -> str | None:
+    """Why ``concurrency`` is no limit of runs at once, to follow ``concurrency`` (``None``: it is one, or none is
+    set)."""
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)):
+        return f"= takes a whole number of runs at once, not {concurrency!r}"
+    if concurrency is not None and concurrency < 1:
+        return f"={concurrency} must be at least 1"
+    return None
+
+
 def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
     concurrency, rate_limit = options["concurrency"], options["rate_limit"]
     concurrency_key, rate_key = options["concurrency_key"], options["rate_limit_key"]
-    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)):
-        raise TypeError(f"{handler.name}: concurrency= takes a whole number of runs at once, not {concurrency!r}")
-    if concurrency is not None and concurrency < 1:
-        raise TypeError(f"{handler.name}: concurrency={concurrency} must be at least 1")
+    wrong = concurrency_refusal(concurrency)
+    if wrong:
+        raise TypeError(f"{handler.name}: concurrency{wrong}")
     try:
         rates = parse_rates(rate_limit) if rate_limit is not None else ()
     except ValueError as exc:

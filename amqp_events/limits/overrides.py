@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Literal
 
-from amqp_events.limits.options import Limits
+from amqp_events.limits.options import Limits, concurrency_refusal
 from amqp_events.limits.rates import parse_rates
 
 #: What the stream's messages say they are (``content_type``).
@@ -36,11 +36,9 @@ class Override:
     rate_limit: str | None = None
 
     def __post_init__(self) -> None:
-        concurrency = self.concurrency
-        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)):
-            raise ValueError(f"concurrency is a whole number of runs at once, not {concurrency!r}")
-        if concurrency is not None and concurrency < 1:
-            raise ValueError(f"concurrency {concurrency} must be at least 1 (or none)")
+        wrong = concurrency_refusal(self.concurrency)
+        if wrong:
+            raise ValueError(f"concurrency{wrong} (or none)")
         if self.rate_limit is not None:
             parse_rates(self.rate_limit)  # ValueError says what is wrong
 
