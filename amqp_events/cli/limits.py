@@ -8,10 +8,11 @@ import json
 import click
 
 from amqp_events.cli.context import Context, one_line_errors, pass_context
+from amqp_events.errors import ManagementError
 from amqp_events.limits.operations import in_force, limited_handler, limits_set, set_limit
 from amqp_events.limits.options import limits_of
 from amqp_events.limits.overrides import KEEP, Override
-from amqp_events.topology.limits import lease_names, limit_prefix, window_queue
+from amqp_events.topology.limits import lease_names, limit_prefix, window
 
 
 @click.group()
@@ -43,9 +44,8 @@ def limits_show(context: Context, as_json: bool) -> None:
         if found.concurrency is not None and found.concurrency_key is None:
             row["running"] = transport.leases_held(lease_names(prefix, found.concurrency))
         if found.rates and found.rate_key is None:
-            windows = {str(rate): window_queue(prefix, rate.count, rate.seconds, False) for rate in found.rates}
-            states = transport.queue_states(window.name for window in windows.values())
-            row["started"] = {rate: states.get(window.name, (0, 0))[0] for rate, window in windows.items()}
+            windows = {str(rate): window(prefix, rate.count, rate.seconds, False).queue for rate in found.rates}
+            row["started"] = {rate: _started(context, queue.name) for rate, queue in windows.items()}
         shown.append(row)
     if as_json:
         click.echo(json.dumps(shown, indent=2))
@@ -60,7 +60,18 @@ def limits_show(context: Context, as_json: bool) -> None:
         if "running" in row:
             click.echo(f"  running now: {row['running']}")
         for rate, count in dict(row.get("started", {})).items():  # type: ignore[call-overload]
-            click.echo(f"  started in the last window of {rate}: {count}")
+            click.echo(f"  started in the last window of {rate}: {'unknown' if count is None else count}")
+
+
+def _started(context: Context, window: str) -> int | None:
+    """The starts a window counts now: the bytes of its messages (a start is one), as the management API saw them
+    a few seconds ago; ``None`` when it cannot be asked."""
+    try:
+        queue = context.management.queue(context.vhost, window)
+    except ManagementError as exc:
+        click.echo(f"the starts counted are not shown: {exc}", err=True)
+        return None
+    return int((queue or {}).get("message_bytes") or 0)
 
 
 @limits.command("set")

@@ -31,7 +31,7 @@ from amqp_events.limits.options import Limits, limits_of
 from amqp_events.limits.overrides import Override, decode
 from amqp_events.metrics import record_limit_run, record_limit_start, record_limit_wait
 from amqp_events.settings import Settings
-from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings, window_queue
+from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings, window
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
@@ -109,8 +109,7 @@ def _take(attempt: Attempt, handler: Handler, limits: Limits, hot_keys: HotKeys)
     for rate in limits.rates:
         key = limits.rate_key(args, kwargs) if limits.rate_key else None
         prefix = limit_prefix(context.name, handler.task_name, key)
-        window = window_queue(prefix, rate.count, rate.seconds, key is not None)
-        if not transport.admit(window):
+        if not transport.admit(window(prefix, rate.count, rate.seconds, key is not None)):
             _release(attempt)
             record_limit_wait(service, handler.name, "rate", hot_keys.label(handler.name, key))
             return _wait(attempt, f"{rate} runs of {handler.name} started{_of(key)}", rate.spacing, key is not None)

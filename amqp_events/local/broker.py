@@ -25,10 +25,12 @@ from amqp_events.local.installation import Installation, find
 from amqp_events.transport.management import ManagementAPI
 
 LOOPBACK = "127.0.0.1"
-#: The plugins a local node runs: the management API and Prometheus endpoint (both ship with RabbitMQ).
 #: Starts of a node whose distribution port another process took in the meantime, before it gives up.
 PORT_ATTEMPTS = 3
+#: The plugins a local node runs: the management API and Prometheus endpoint (both ship with RabbitMQ).
 PLUGINS = ("rabbitmq_management", "rabbitmq_prometheus")
+#: How soon a node of its own resends a dead-lettered message its target queue did not confirm (RabbitMQ: 180 s).
+DEAD_LETTER_RESEND_MS = 10_000
 
 
 @dataclass
@@ -292,7 +294,11 @@ class LocalBroker:
         if state.host != LOOPBACK:  # and connects from it
             settings += f", {{inet_dist_connect_options, [{{ip, {address}}}]}}"
         kernel = f"{{kernel, [{settings}]}}"
-        (base / "advanced.config").write_text(f"[{kernel}].\n")
+        # A retry that expired on the delay ladder while its next queue was not back yet (a restart) is dead-lettered
+        # again after this many ms, not RabbitMQ's 3 minutes: a node for development and tests, where a restart
+        # is a moment and a duplicate from a resend too early is harmless.
+        rabbit = f"{{rabbit, [{{dead_letter_worker_publisher_confirm_timeout, {DEAD_LETTER_RESEND_MS}}}]}}"
+        (base / "advanced.config").write_text(f"[{rabbit}, {kernel}].\n")
         (base / "rabbitmq-env.conf").write_text("")
         (base / "enabled_plugins").write_text(f"[{','.join(PLUGINS)}].\n")
 

@@ -3,8 +3,9 @@
 * A run's *lease*: ``<service>.limit.<task>[.key.<digest>].run.<n>``, an exclusive queue of the connection of the
   process that runs it, for ``n`` below the limit; the broker deletes it when that connection ends.
 * A window of starts: ``<service>.limit.<task>[.key.<digest>].<count>per<seconds>s``, a durable classic queue of at
-  most ``count`` persistent messages that each live ``seconds`` (and a slack: :func:`start_slack_ms`), refusing
-  more (``x-overflow: reject-publish``): a start is a message it took. Reached through the service's direct
+  most ``count`` bytes of persistent messages that each live ``seconds`` (and slacks: :func:`start_slack_ms`),
+  refusing more (``x-overflow: reject-publish``): a start is a byte of a message it took, and a process may take
+  several in one message, to use within a slack (:class:`Window`). Reached through the service's direct
   exchange, by its name. A key's window is deleted once unused for a while (``x-expires``): by then every start it
   counted has expired.
 * The limits an operator set at run time (``amqp-events limits set``): ``<service>.limits``, a stream whose messages
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from dataclasses import dataclass
 from typing import Any
 
 from kombu import Exchange, Queue
@@ -47,18 +49,43 @@ def start_slack_ms(seconds: int) -> int:
     return min(1000, seconds * 20)
 
 
-@functools.lru_cache(maxsize=4096)  # likewise (a worker binds the value it is given to a channel of its own)
-def window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:
-    """The queue that counts the starts of one window (at most ``count`` in any ``seconds``); ``keyed``: one
-    key's, deleted when unused."""
+#: The most starts of one window a process takes in one round trip.
+MOST_AHEAD = 64
+#: A start, as counted by a window (the length of its messages' bodies).
+START = b"s"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The queue that counts one window's starts, and how a process may take them ahead of its runs: up to
+    ``most_ahead`` in one round trip, each to be used within ``ahead_seconds`` of when it was asked for (a start
+    taken ahead lives that much longer in the queue, so it is still counted a whole window after its run began)."""
+
+    queue: Queue
+    most_ahead: int
+    ahead_seconds: float
+
+
+@functools.lru_cache(maxsize=4096)  # likewise (a worker binds the queue it is given to a channel of its own)
+def window(prefix: str, count: int, seconds: int, keyed: bool) -> Window:
+    """The window of at most ``count`` starts in any ``seconds``; ``keyed``: one key's, deleted when unused.
+
+    A process takes starts ahead only from a window large enough that they are a small share of it (a
+    sixteenth): a start it took and did not use is counted all the same."""
+    slack = start_slack_ms(seconds)
+    return Window(_window_queue(prefix, count, seconds, keyed), min(MOST_AHEAD, max(1, count // 16)), slack / 1000)
+
+
+def _window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:
     name = f"{prefix}.{count}per{seconds}s"
     # A classic queue: one process takes its messages one at a time, so the length limit holds exactly (a quorum
     # queue learns it is full only after the message that fills it past its limit, and lets one more in).
     arguments: dict[str, object] = {
         "x-queue-type": "classic",
-        "x-max-length": count,
+        "x-max-length-bytes": count,
         "x-overflow": "reject-publish",
-        "x-message-ttl": seconds * 1000 + start_slack_ms(seconds),
+        # A slack for the handler to begin, and one for a start taken ahead to be used.
+        "x-message-ttl": seconds * 1000 + 2 * start_slack_ms(seconds),
     }
     if keyed:
         arguments["x-expires"] = (2 * seconds + KEY_WINDOW_GRACE) * 1000

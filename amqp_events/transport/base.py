@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from kombu import Queue
 
 from amqp_events.topology import Topology
+from amqp_events.topology.limits import Window
 from amqp_events.wire.message import OutgoingMessage, StoredMessage
 
 #: Browsing a queue yields each message with a function that removes it for good.
@@ -111,8 +112,8 @@ class Transport(Protocol):
     def release(self, name: str) -> None:
         """Give back the lease ``name``."""
 
-    def admit(self, window: Queue) -> bool:
-        """Count a start in the bounded queue ``window`` (:mod:`amqp_events.topology.limits`); ``False`` when it
+    def admit(self, window: Window) -> bool:
+        """Count a start in ``window``'s bounded queue (:mod:`amqp_events.topology.limits`); ``False`` when it
         is full; :class:`~amqp_events.errors.LimitUnavailable` when it cannot be reached (nor can :meth:`hold`)."""
 
     def limit_table(self, stream: str) -> bytes | None:

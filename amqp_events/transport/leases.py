@@ -6,12 +6,17 @@ when the connection ends, so a process killed mid-run gives its lease back as so
 connection go. The connection has no AMQP heartbeats: a run longer than two of them would otherwise lose its lease
 while it still runs (TCP keepalive finds a dead peer instead).
 
-A *window* is a durable classic queue that holds at most ``count`` messages, each for ``seconds``, and refuses more:
-a start is a message it confirmed, and a nack says the window is full. One queue process takes them one at a time,
-so any number of workers share one limit exactly (a quorum queue's limit lets one more in: it learns it is full
-after the message that fills it past it); a crash counts what started, and a broker restart keeps the count (the
-messages are persistent). While the node holding a window is down, its handler's starts cannot be counted: they
-wait as starts over the limit do (:class:`~amqp_events.errors.LimitUnavailable`), never run uncounted.
+A *window* is a durable classic queue that holds at most ``count`` bytes of messages, each for ``seconds``, and
+refuses more: a start is a byte of a message it confirmed, and a nack says the window is full. One queue process
+takes them one at a time, so any number of workers share one limit exactly (a quorum queue's limit lets one more
+in: it learns it is full after the message that fills it past it); a crash counts what started, and a broker
+restart keeps the count (the messages are persistent). While the node holding a window is down, its handler's
+starts cannot be counted: they wait as starts over the limit do (:class:`~amqp_events.errors.LimitUnavailable`),
+never run uncounted.
+
+A process that starts runs of a handler quickly takes several starts in one message (one round trip) and uses them
+in the moment after (:class:`~amqp_events.topology.limits.Window`): twice as many the next time when it used them
+all, half as many when some went unused, one when the window is nearly full.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from kombu import Connection, Queue
 from kombu.exceptions import OperationalError
 
 from amqp_events.errors import LimitUnavailable
-from amqp_events.topology.limits import redeclare_every
+from amqp_events.topology.limits import START, Window, redeclare_every
 from amqp_events.transport.limit_settings import Following
 
 #: The connection lost (its node down, the network cut) or not made: the counts cannot be reached now.
@@ -41,6 +46,35 @@ LOST = (OSError, AMQPConnectionError, OperationalError)
 KEEP_IDLE = 0.05
 #: How many windows a process remembers declaring (a key's window is declared again past this).
 REMEMBERED_WINDOWS = 10_000
+
+
+class Ahead:
+    """The starts of one window this process took ahead of its runs and has not used yet, and how many it takes
+    next time. Pure: the caller counts them in the window (:meth:`Leases.admit`)."""
+
+    def __init__(self, most: int, seconds: float) -> None:
+        self.most, self.seconds = most, seconds
+        self.left = 0
+        self.until = 0.0  # when those left may no longer be used (monotonic)
+        self.asking = 1
+
+    def use(self, now: float) -> bool:
+        """Use one of the starts left, if they are still in time; else learn from the last ones taken."""
+        if self.left and now < self.until:
+            self.left -= 1
+            return True
+        if not self.left and now < self.until:  # all used in time: take more
+            self.asking = min(self.most, self.asking * 2)
+        elif self.left:  # some went unused
+            self.asking = max(1, self.asking // 2)
+        self.left = 0
+        return False
+
+    def took(self, asked: int, taken: int, at: float) -> None:
+        """``taken`` of the ``asked`` starts were counted (asked for at ``at``), one of them for the run now."""
+        self.left, self.until = max(0, taken - 1), at + self.seconds
+        if taken < asked:  # the window is (nearly) full: one at a time
+            self.asking = 1
 
 
 class Leases:
@@ -64,6 +98,8 @@ class Leases:
         self._sweeping = 0  # the pid whose thread gives idle leases back
         #: Window name -> when this connection last declared it.
         self._declared: dict[str, float] = {}
+        #: Window name -> the starts taken ahead of their runs.
+        self._ahead: dict[str, Ahead] = {}
         #: The broker returned the message just published (no queue took it).
         self._returned = False
         #: The streams of limits set at run time this connection follows.
@@ -127,7 +163,7 @@ class Leases:
                 except Exception:  # the connection failed: what it held went with it
                     self._reset()
 
-    def admit(self, window: Queue) -> bool:
+    def admit(self, window: Window) -> bool:
         """Count a start in ``window``: ``False`` when it holds as many as it may; :class:`LimitUnavailable` when
         the window's node cannot be reached (nothing is counted)."""
         with self._lock, self._failing_resets():
@@ -135,14 +171,33 @@ class Leases:
                 return self._admit(window)
             except NotFound as exc:  # its node is down: the broker closed the channel, not the connection
                 self._counting = None
-                self._declared.pop(window.name, None)
+                self._declared.pop(window.queue.name, None)
                 unavailable = str(exc)
-        raise LimitUnavailable(f"the window {window.name!r} cannot be reached: {unavailable}")
+        raise LimitUnavailable(f"the window {window.queue.name!r} cannot be reached: {unavailable}")
 
-    def _admit(self, window: Queue) -> bool:
-        connection = self._open()
+    def _admit(self, window: Window) -> bool:
+        self._open()  # first: a forked child forgets its parent's starts
+        ahead = self._ahead.get(window.queue.name)
+        now = time.monotonic()
+        if ahead is not None and ahead.use(now):
+            return True
+        asking = ahead.asking if ahead is not None else 1
+        taken = asking if self._count(window.queue, asking) else 0
+        if not taken and asking > 1:  # the window is nearly full: one may still fit
+            taken = 1 if self._count(window.queue, 1) else 0
+        if window.most_ahead > 1:
+            if ahead is None:
+                if len(self._ahead) >= REMEMBERED_WINDOWS:
+                    self._ahead.clear()
+                ahead = self._ahead[window.queue.name] = Ahead(window.most_ahead, window.ahead_seconds)
+            ahead.took(asking, taken, now)
+        return taken > 0
+
+    def _count(self, window: Queue, starts: int) -> bool:
+        """Count ``starts`` starts in ``window`` at once (a message of as many bytes): ``False`` when they do not
+        fit."""
         if self._counting is None:
-            self._counting = connection.channel()
+            self._counting = self._open().channel()
             self._counting.events["basic_return"].add(self._on_return)
         for _ in range(2):  # a window that went (deleted, unbound) is declared again, once
             now = time.monotonic()
@@ -155,7 +210,7 @@ class Leases:
             self._returned = False
             try:
                 self._counting.basic_publish_confirm(
-                    Message(b"", delivery_mode=2),
+                    Message(START * starts, delivery_mode=2),
                     window.exchange.name,
                     window.routing_key,
                     mandatory=True,
@@ -204,6 +259,7 @@ class Leases:
         """Drop what belonged to a connection gone: its channels, its declarations, its leases (its end gave them
         back)."""
         self._leasing = self._counting = None
+        self._ahead.clear()
         self._following.clear()
         self._idle.clear()
         self._taken_from.clear()

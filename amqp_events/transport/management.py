@@ -101,6 +101,16 @@ class ManagementAPI:
         query = f"?lengths_age={samples_for}&lengths_incr=60&msg_rates_age={samples_for}&msg_rates_incr=60"
         return list(self.request("GET", f"/api/queues/{_quote(vhost)}" + (query if samples_for else "")))
 
+    def queue(self, vhost: str, name: str) -> dict[str, Any] | None:
+        """One queue of ``vhost`` with its figures (as of the broker's last statistics, a few seconds old);
+        ``None`` when there is none."""
+        try:
+            return dict(self.request("GET", f"/api/queues/{_quote(vhost)}/{_quote(name)}"))
+        except ManagementError as exc:
+            if "HTTP 404" in str(exc):
+                return None
+            raise
+
     def exchanges(self, vhost: str) -> list[dict[str, Any]]:
         return list(self.request("GET", f"/api/exchanges/{_quote(vhost)}"))
 

@@ -15,6 +15,7 @@ from kombu.exceptions import OperationalError
 
 from amqp_events.errors import PublishError, TopologyMissing
 from amqp_events.topology import Binding, Topology
+from amqp_events.topology.limits import Window
 from amqp_events.transport import inspection, limit_settings, streams
 from amqp_events.transport.base import AsyncBatchPublisher, Browsed, StreamReading
 from amqp_events.transport.batches import ConfirmedBatchPublisher
@@ -122,7 +123,7 @@ class RabbitMQ:
     def release(self, name: str) -> None:
         self.leases.release(name)
 
-    def admit(self, window: Queue) -> bool:
+    def admit(self, window: Window) -> bool:
         return self.leases.admit(window)
 
     def limit_table(self, stream: str) -> bytes | None:

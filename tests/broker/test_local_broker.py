@@ -103,7 +103,7 @@ def listening_addresses(port: int) -> set[str]:
 
 
 @pytest.mark.broker
-def test_a_local_node_s_epmd_and_distribution_listen_on_loopback_only(tmp_path):
+def test_a_local_node_listens_on_loopback_only_and_resends_dead_letters_soon(tmp_path):
     node = LocalBroker(tmp_path / "node")
     node.start()
     try:
@@ -111,6 +111,9 @@ def test_a_local_node_s_epmd_and_distribution_listen_on_loopback_only(tmp_path):
         for what, port in (("epmd", node.state.epmd_port), ("distribution", node.state.dist_port)):
             addresses = listening_addresses(port)
             assert addresses and addresses <= loopback, f"{what} listens on {addresses}"
+        # A retry the delay ladder could not pass on while a queue was coming back is resent after 10 s, not 3 min.
+        setting = node.rabbitmqctl("eval", "application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).")
+        assert setting.strip() == "{ok,10000}"
     finally:
         node.stop()
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime, timezone
 
 import pytest
 from hypothesis import given
@@ -19,6 +20,9 @@ from amqp_events.limits.operations import limited_handler, limits_set, set_limit
 from amqp_events.limits.options import limits_of
 from amqp_events.limits.overrides import Override, decode, encode
 from amqp_events.testing.in_process import in_process
+from amqp_events.topology.limits import window
+from amqp_events.transport.leases import Ahead
+from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
 
 URL = "amqp://mailer:secret@in-process.invalid//"
 
@@ -256,3 +260,50 @@ def test_the_metrics_count_starts_waits_and_runs_holding_a_place(mailer):
     assert value("amqp_events_limit_waits_total", limit="rate", key="") - waits >= 3  # the sixth to eighth waited
     assert held and all(running is not None and running >= 1 for running in held)  # its own place, while it ran
     assert value("amqp_events_limit_runs") == 0  # every place given back
+
+
+@given(st.lists(st.tuples(st.floats(0, 0.5), st.booleans()), max_size=200), st.integers(1, 64))
+def test_starts_taken_ahead_are_used_only_in_time_and_asked_for_within_bounds(steps, most):
+    """Whatever the pace of runs and whether the window has room, a start taken ahead is used only within its
+    time, and a process never asks for fewer than one or more than its bound."""
+    ahead, now, taken_at = Ahead(most, seconds=0.2), 0.0, 0.0
+    for pause, room in steps:
+        now += pause
+        if ahead.use(now):
+            assert now - taken_at < 0.2
+            continue
+        asked = ahead.asking
+        assert 1 <= asked <= most
+        ahead.took(asked, asked if room else 0, now)
+        taken_at = now
+
+
+def test_a_process_takes_more_starts_ahead_while_it_uses_them_all_and_fewer_when_they_go_unused():
+    ahead = Ahead(most=64, seconds=1.0)
+    asked = []
+    for tick in range(200):  # a run every millisecond: each batch is used up in time
+        now = tick / 1000
+        if not ahead.use(now):
+            asked.append(ahead.asking)
+            ahead.took(ahead.asking, ahead.asking, now)
+    assert asked[:7] == [1, 2, 4, 8, 16, 32, 64] and set(asked[7:]) == {64}
+    assert not ahead.use(5.0) and ahead.asking == 32  # a pause: what was left went unused
+    ahead.took(32, 5, 5.0)  # the window had room for 5 only
+    assert ahead.asking == 1
+
+
+def test_a_window_counts_starts_as_bytes_so_several_taken_at_once_fit_exactly():
+    broker = MemoryBroker(lambda: datetime(2026, 1, 1, tzinfo=timezone.utc))
+    limited = window("mailer.limit.t", 10, 60, False)
+    broker.declare_queue(limited.queue)
+    assert limited.queue.queue_arguments["x-max-length-bytes"] == 10
+    assert limited.most_ahead == 1 and window("mailer.limit.t", 1000, 60, False).most_ahead == 62
+
+    def count(starts: int) -> bool:
+        envelope = Envelope({}, b"s" * starts, None, None, {}, limited.queue.exchange.name, limited.queue.name)
+        try:
+            return broker.publish(envelope)
+        except QueueFull:
+            return False
+
+    assert [count(4), count(4), count(4), count(2), count(1)] == [True, True, False, True, False]

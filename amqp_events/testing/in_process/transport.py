@@ -11,6 +11,7 @@ from kombu.serialization import dumps
 
 from amqp_events.errors import PublishError
 from amqp_events.topology import Topology
+from amqp_events.topology.limits import START, Window
 from amqp_events.transport.base import AwaitedBatch
 from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
 from amqp_events.transport.publisher import exchange_to_declare
@@ -73,11 +74,12 @@ class InProcessTransport:
     def release(self, name: str) -> None:
         self.broker.release(name)
 
-    def admit(self, window: Queue) -> bool:
-        self.broker.declare_queue(window)
+    def admit(self, window: Window) -> bool:
+        queue = window.queue  # one start at a time: the virtual clock does not move between them
+        self.broker.declare_queue(queue)
         self.broker.expire()  # the starts older than the window, gone by the virtual clock
         try:
-            return self.broker.publish(Envelope({}, b"", None, None, {}, window.exchange.name, window.routing_key))
+            return self.broker.publish(Envelope({}, START, None, None, {}, queue.exchange.name, queue.routing_key))
         except QueueFull:
             return False
 
