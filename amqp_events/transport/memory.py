@@ -10,9 +10,9 @@ objects a worker declares (:mod:`amqp_events.topology`):
 * mandatory publishing: :meth:`MemoryBroker.publish` says whether a queue
   received the message; an exchange that does not exist is a ``NOT_FOUND``
   error, as on the broker;
-* queues with a message TTL (``x-message-ttl``), length limits
-  (``x-max-length``, ``x-max-length-bytes`` of bodies), dropping the oldest
-  or refusing new ones: ``x-overflow``) and dead-lettering (``x-dead-letter-exchange`` and
+* queues with a message TTL (``x-message-ttl``), a length limit
+  (``x-max-length``, dropping the oldest or refusing new ones:
+  ``x-overflow``) and dead-lettering (``x-dead-letter-exchange`` and
   ``-routing-key``) of expired and rejected messages, with ``x-death``;
 * consuming with acks and rejects; a requeued message goes back to the head
   of its queue with ``x-delivery-count`` counted up (quorum queues);
@@ -178,7 +178,7 @@ class MemoryBroker:
     def publish(self, envelope: Envelope) -> bool:
         """Route ``envelope`` by its exchange and routing key; ``True`` if a queue received it."""
         queues = self._route(envelope.exchange, envelope.routing_key, frozenset(), envelope.headers)
-        full = [name for name in queues if self._refuses(self.queues[name], envelope)]
+        full = [name for name in queues if self._refuses(self.queues[name])]
         if full:
             raise QueueFull(f"queue(s) {', '.join(full)} at their length limit refuse new messages")
         for name in sorted(queues):
@@ -208,15 +208,17 @@ class MemoryBroker:
             queues = self._route(alternate, routing_key, seen | {exchange}, headers)
         return queues
 
-    def _refuses(self, queue: MemoryQueue, envelope: Envelope) -> bool:
-        if queue.arguments.get("x-overflow") != "reject-publish":
-            return False
-        return _over_limits(queue, len(queue.messages) + 1, len(envelope.body))
+    def _refuses(self, queue: MemoryQueue) -> bool:
+        limit = queue.arguments.get("x-max-length")
+        return (
+            limit is not None and queue.arguments.get("x-overflow") == "reject-publish" and len(queue.messages) >= limit
+        )
 
     def _enqueue(self, queue: MemoryQueue, envelope: Envelope) -> None:
         envelope.seq, envelope.enqueued_at = next(self._seq), self.now()
         queue.messages.append(envelope)
-        while queue.messages and _over_limits(queue, len(queue.messages)):  # drop-head, the default overflow
+        limit = queue.arguments.get("x-max-length")
+        while limit and len(queue.messages) > limit:  # drop-head, the default overflow
             self._dead_letter(queue, queue.messages.popleft(), "maxlen")
 
     # -- time passing -------------------------------------------------------------------------------
@@ -341,11 +343,3 @@ def with_death(
         "x-first-death-exchange": exchange,
     }
     return {**first, **headers, X_DEATH: [entry, *deaths]}
-
-
-def _over_limits(queue: MemoryQueue, length: int, adding: int = 0) -> bool:
-    """Whether ``queue`` holding ``length`` messages (and bodies of ``adding`` more bytes) is over its limits."""
-    most, most_bytes = queue.arguments.get("x-max-length"), queue.arguments.get("x-max-length-bytes")
-    if most is not None and length > most:
-        return True
-    return most_bytes is not None and sum(len(envelope.body) for envelope in queue.messages) + adding > most_bytes

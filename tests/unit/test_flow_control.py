@@ -7,7 +7,6 @@ import importlib.util
 import json
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timezone
 
 import pytest
 from hypothesis import given
@@ -22,7 +21,6 @@ from amqp_events.limits.overrides import Override, decode, encode
 from amqp_events.testing.in_process import in_process
 from amqp_events.topology.limits import window
 from amqp_events.transport.leases import Ahead
-from amqp_events.transport.memory import Envelope, MemoryBroker, QueueFull
 
 URL = "amqp://mailer:secret@in-process.invalid//"
 
@@ -292,18 +290,12 @@ def test_a_process_takes_more_starts_ahead_while_it_uses_them_all_and_fewer_when
     assert ahead.asking == 1
 
 
-def test_a_window_counts_starts_as_bytes_so_several_taken_at_once_fit_exactly():
-    broker = MemoryBroker(lambda: datetime(2026, 1, 1, tzinfo=timezone.utc))
+def test_a_window_is_bounded_in_bytes_and_large_ones_are_taken_several_starts_at_a_time():
     limited = window("mailer.limit.t", 10, 60, False)
-    broker.declare_queue(limited.queue)
     assert limited.queue.queue_arguments["x-max-length-bytes"] == 10
-    assert limited.most_ahead == 1 and window("mailer.limit.t", 1000, 60, False).most_ahead == 62
-
-    def count(starts: int) -> bool:
-        envelope = Envelope({}, b"s" * starts, None, None, {}, limited.queue.exchange.name, limited.queue.name)
-        try:
-            return broker.publish(envelope)
-        except QueueFull:
-            return False
-
-    assert [count(4), count(4), count(4), count(2), count(1)] == [True, True, False, True, False]
+    assert limited.queue.queue_arguments["x-overflow"] == "reject-publish"
+    assert limited.queue.queue_arguments["x-message-ttl"] == 60_000 + 2 * 1000  # a slack to begin, one to be used
+    assert (limited.most_ahead, limited.ahead_seconds) == (1, 1.0)
+    assert window("mailer.limit.t", 1000, 60, False).most_ahead == 62
+    assert window("mailer.limit.t", 100_000, 1, False).most_ahead == 64
+    assert window("mailer.limit.t", 100, 1, False).ahead_seconds == 0.02

@@ -75,13 +75,13 @@ class InProcessTransport:
         self.broker.release(name)
 
     def admit(self, window: Window) -> bool:
-        queue = window.queue  # one start at a time: the virtual clock does not move between them
+        queue = window.queue  # one start at a time (a byte): the virtual clock does not move between them
         self.broker.declare_queue(queue)
         self.broker.expire()  # the starts older than the window, gone by the virtual clock
-        try:
-            return self.broker.publish(Envelope({}, START, None, None, {}, queue.exchange.name, queue.routing_key))
-        except QueueFull:
-            return False
+        most = (getattr(queue, "queue_arguments", None) or {})["x-max-length-bytes"]
+        if len(self.broker.queues[queue.name].messages) >= most:
+            return False  # as full as RabbitMQ would say (its bound counts bytes; each start here is one)
+        return self.broker.publish(Envelope({}, START, None, None, {}, queue.exchange.name, queue.routing_key))
 
     def limit_table(self, stream: str) -> bytes | None:
         messages = self.broker.queues[stream].messages if stream in self.broker.queues else ()
