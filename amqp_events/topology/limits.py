@@ -57,11 +57,13 @@ START = b"s"
 
 @dataclass(frozen=True)
 class Window:
-    """The queue that counts one window's starts, and how a process may take them ahead of its runs: up to
-    ``most_ahead`` in one round trip, each to be used within ``ahead_seconds`` of when it was asked for (a start
-    taken ahead lives that much longer in the queue, so it is still counted a whole window after its run began)."""
+    """The queue that counts one window's starts (at most ``count``), and how a process may take them ahead of its
+    runs: up to ``most_ahead`` in one round trip, each to be used within ``ahead_seconds`` of when it was asked for
+    (a start taken ahead lives that much longer in the queue, so it is still counted a whole window after its run
+    began)."""
 
     queue: Queue
+    count: int
     most_ahead: int
     ahead_seconds: float
 
@@ -72,8 +74,8 @@ def window(prefix: str, count: int, seconds: int, keyed: bool) -> Window:
 
     A process takes starts ahead only from a window large enough that they are a small share of it (a
     sixteenth): a start it took and did not use is counted all the same."""
-    slack = start_slack_ms(seconds)
-    return Window(_window_queue(prefix, count, seconds, keyed), min(MOST_AHEAD, max(1, count // 16)), slack / 1000)
+    most_ahead = min(MOST_AHEAD, max(1, count // 16))
+    return Window(_window_queue(prefix, count, seconds, keyed), count, most_ahead, start_slack_ms(seconds) / 1000)
 
 
 def _window_queue(prefix: str, count: int, seconds: int, keyed: bool) -> Queue:

@@ -107,7 +107,8 @@ class ManagementAPI:
         try:
             return dict(self.request("GET", f"/api/queues/{_quote(vhost)}/{_quote(name)}"))
         except ManagementError as exc:
-            if "HTTP 404" in str(exc):
+            cause = exc.__cause__
+            if isinstance(cause, urllib.error.HTTPError) and cause.code == 404:
                 return None
             raise
 

@@ -78,8 +78,7 @@ class InProcessTransport:
         queue = window.queue  # one start at a time (a byte): the virtual clock does not move between them
         self.broker.declare_queue(queue)
         self.broker.expire()  # the starts older than the window, gone by the virtual clock
-        most = (getattr(queue, "queue_arguments", None) or {})["x-max-length-bytes"]
-        if len(self.broker.queues[queue.name].messages) >= most:
+        if len(self.broker.queues[queue.name].messages) >= window.count:
             return False  # as full as RabbitMQ would say (its bound counts bytes; each start here is one)
         return self.broker.publish(Envelope({}, START, None, None, {}, queue.exchange.name, queue.routing_key))
 
