@@ -26,6 +26,8 @@ def test_twins_at_once_make_one_effect_and_a_failure_after_the_write_leaves_noth
     flaky = producer.fire("pay.async", ["flaky"], {"how": {"fail_times": 1}})
     wait_for(lambda: process.log().count("duplicate skipped") == 8, 60, what="each twin skipped")
     assert [run["attempt"] for run in records.wait(2, id=flaky)] == [1, 2]  # the first run's write rolled back
+    # A run is recorded from inside the handler: its transaction commits after.
+    wait_for(lambda: effect_count(effects_db, event_id=flaky) >= 1, 30, what="the retried run's effect committed")
     for event_id in [*twins, flaky]:
         assert effect_count(effects_db, event_id=event_id) == 1
     assert effect_count(effects_db) == 9

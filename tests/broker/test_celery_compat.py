@@ -10,6 +10,7 @@ the worker cannot run) and test_settings (settings read once).
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 
 import pytest
@@ -77,7 +78,17 @@ def test_acks_now_runs_ack_callbacks_at_once_and_leaves_other_promises_alone():
     assert done == ["acked", "other"]
 
 
-def test_a_solo_worker_sends_each_ack_of_celery_s_path_at_once(broker_url, monkeypatch):
+@pytest.fixture
+def root_logger_kept():
+    """Celery's ``start_worker`` sets up logging (the root logger at its level 'error'): put it back after."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+def test_a_solo_worker_sends_each_ack_of_celery_s_path_at_once(broker_url, monkeypatch, root_logger_kept):
     """In a real worker (in this process, solo pool), a message that takes Celery's own request path (a receiver
     of its task signals is connected) has its ack sent through the hook, not queued behind the loop's poll."""
     app = events_app("compat", broker_url=broker_url)

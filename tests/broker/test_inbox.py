@@ -43,7 +43,8 @@ def test_two_deliveries_of_one_event_and_one_other_make_two_effects(event, payme
     once = producer.fire(event, ["once"], {})
     wait_for(lambda: process.log().count("duplicate skipped") == 1, 30, what="the duplicate skipped")
     records.wait(2)
-    assert effect_count(effects_db) == 2
+    # A run is recorded from inside the handler: its transaction (the effect and the inbox row) commits after.
+    wait_for(lambda: effect_count(effects_db) == 2, 30, what="both effects committed")
     assert effect_count(effects_db, event_id=twice) == 1 and effect_count(effects_db, event_id=once) == 1
     assert f"duplicate skipped event={event} service=payments id={twice}" in process.log()
 
@@ -74,6 +75,7 @@ def test_a_handler_that_raises_after_its_write_leaves_nothing_and_runs_again(pay
     event_id = producer.fire("pay.session", ["flaky"], {"how": {"fail_times": 1}})
     runs = records.wait(2, id=event_id)
     assert [run["attempt"] for run in runs] == [1, 2]  # the first run wrote, raised, and was rolled back
+    wait_for(lambda: effect_count(effects_db, event_id=event_id) >= 1, 30, what="the retried run's effect committed")
     assert effect_count(effects_db, event_id=event_id) == 1
 
 
