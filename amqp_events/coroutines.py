@@ -5,11 +5,11 @@ the archive, acknowledgements: one pipeline for both kinds), through :func:`run_
 coroutine then runs:
 
 * In a worker with a :class:`WorkerLoop` (the solo and threads pools), the pipeline of each message runs in a
-  greenlet on the loop's thread (:meth:`WorkerLoop.spawn`): at the handler's call the greenlet hands the
-  coroutine to the loop and is resumed with its result, so up to ``concurrency`` messages are in flight while
-  their handlers wait on I/O. The rest of the pipeline is plain code between two awaits. Any other call made in
-  that process (an ordered handler, a history batch) runs its coroutine on the same loop, the caller waiting:
-  a handler's ``httpx.AsyncClient`` or database pool belongs to one loop.
+  greenlet on that loop, stepped in the consumer's thread (:meth:`WorkerLoop.spawn`): at the handler's call
+  the greenlet hands the coroutine to the loop and is resumed with its result, so up to ``concurrency``
+  messages are in flight while their handlers wait on I/O. The rest of the pipeline is plain code between
+  two awaits. Any other call made in that process (an ordered handler, a history batch) runs its coroutine on
+  the same loop, the caller waiting: a handler's ``httpx.AsyncClient`` or database pool belongs to one loop.
 * Anywhere else (a prefork child, the in-process mode, a direct call): to completion on an event loop kept per
   thread; where the thread runs a loop already (a test calling the in-process mode from a coroutine), on a
   helper thread's loop meanwhile.
@@ -21,7 +21,6 @@ soft time limit) cancels the coroutine, which then fails as a handler that raise
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
 import contextvars
@@ -30,7 +29,7 @@ import inspect
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import greenlet
 
@@ -153,63 +152,81 @@ async def _run_pipeline(function: Callable[..., T], args: tuple[Any, ...]) -> T:
     return result
 
 
-class Mailbox(Generic[T]):
-    """Items handed from one thread to another's loop in bursts: one wake-up of the loop for all that came
-    meanwhile, not one per item (each wake-up costs the other thread a switch)."""
-
-    def __init__(self, wake: Callable[[Callable[[], None]], Any], take: Callable[[T], Any]) -> None:
-        self._items: collections.deque[T] = collections.deque()
-        self._wake_pending = False
-        self._wake = wake  # schedules a call on the receiving loop; callable from any thread
-        self._take = take
-
-    def put(self, item: T) -> None:
-        self._items.append(item)
-        if not self._wake_pending:
-            self._wake_pending = True
-            self._wake(self.take_all)
-
-    def take_all(self) -> None:
-        """Hand every waiting item to ``take`` (on the receiving loop)."""
-        self._wake_pending = False  # first: what comes from now on wakes the loop again
-        while self._items:
-            self._take(self._items.popleft())
-
-    def clear(self) -> int:
-        """Drop the waiting items; returns how many there were."""
-        count = len(self._items)
-        self._items.clear()
-        return count
-
-
 class WorkerLoop:
-    """The event loop a worker process owns for its coroutine handlers, in a thread of its own.
+    """The event loop a worker process owns for its coroutine handlers, stepped by the thread that drives it.
+
+    While a worker runs, the loop has no thread of its own: the worker's event loop (kombu's hub, in the
+    consumer's thread) calls :meth:`step` when callbacks are due, a timer falls due or one of the loop's
+    sockets is readable (:mod:`amqp_events.celery.coroutine_loop`). A message's pipeline then runs and is
+    acked in the thread that owns the channel, and nothing crosses threads (two threads taking turns on the
+    GIL, a message crossing twice, cost 0.57x the plain handler's drain; measured in bench/).
+    :meth:`finish` runs it in its driver's thread for the last pipelines of a warm shutdown, then hands it a
+    thread of its own.
 
     :meth:`spawn` runs a message's pipeline on it, ``concurrency`` at most at a time (the others wait their
-    turn on the loop, already taken from the broker). :meth:`stop` lets the running ones finish for a while,
+    turn on the loop, already taken from the broker). :meth:`finish` lets the running ones finish for a while,
     then cancels the rest: a cancelled pipeline ends without an outcome, its message unacked.
     """
 
     def __init__(self, concurrency: int) -> None:
         self.loop = asyncio.new_event_loop()
         self._slots = asyncio.Semaphore(concurrency)
-        self._tasks: set[asyncio.Task[Any]] = set()  # the loop's thread alone touches it
-        self._arrived: Mailbox[tuple[Callable[..., Any], tuple[Any, ...]]] = Mailbox(
-            self.loop.call_soon_threadsafe, self._start
-        )
-        self._thread = threading.Thread(target=self.loop.run_forever, name="amqp-events-loop", daemon=True)
+        self._tasks: set[asyncio.Task[Any]] = set()  # touched only where the loop runs
+        # The thread that steps the loop: the one that made it (a consumer's), until another steps it (Celery's
+        # start_worker runs the consumer's event loop in a thread of its own).
+        self._driver = threading.get_ident()
+        self._thread: threading.Thread | None = None  # the loop's own, once handed over
 
     def start(self) -> None:
         global _worker_loop
-        self._thread.start()
         _worker_loop = self
+
+    @property
+    def selector_fd(self) -> int:
+        """Readable when one of the loop's sockets is (its selector's own descriptor: epoll's, on Linux)."""
+        fd: int = self.loop._selector.fileno()  # type: ignore[attr-defined]  # asyncio's selector loop
+        return fd
+
+    def due(self) -> bool:
+        """Are callbacks waiting for a step (read after a step: asyncio's queue of ready callbacks, which a
+        call from another thread may have joined while the step ran)?"""
+        return bool(self.loop._ready)  # type: ignore[attr-defined]
+
+    def next_deadline(self) -> float | None:
+        """When the loop's earliest timer falls due (on ``loop.time()``'s clock), if it has one."""
+        scheduled = self.loop._scheduled  # type: ignore[attr-defined]  # a heap of timer handles
+        return scheduled[0].when() if scheduled else None
+
+    def step(self) -> None:
+        """One pass of the loop in the calling thread: its ready sockets read, its due timers and the callbacks
+        that were ready run (those they make ready wait for the next step)."""
+        self._driver = threading.get_ident()
+        self.loop.stop()  # asyncio: run_forever after stop() makes one pass
+        self.loop.run_forever()
+
+    def hand_over(self) -> None:
+        """From now on the loop runs in a thread of its own: its driver steps it no more (the worker stops), and
+        threads may still wait on it."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.loop.run_forever, name="amqp-events-loop", daemon=True)
+            self._thread.start()
+
+    @property
+    def handed_over(self) -> bool:
+        return self._thread is not None
+
+    def _drives(self) -> bool:
+        return self._thread is None and self._driver == threading.get_ident()
 
     def spawn(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """Run ``function(*args)`` on the loop, in a greenlet whose coroutine handlers' calls are awaited."""
-        self._arrived.put((function, args))
+        if self._drives():
+            self._start(function, args)
+        else:
+            self.loop.call_soon_threadsafe(self._start, function, args)
 
-    def _start(self, arrived: tuple[Callable[..., Any], tuple[Any, ...]]) -> None:
-        task = self.loop.create_task(self._spawned(*arrived))
+    def _start(self, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        task = self.loop.create_task(self._spawned(function, args))
         self._tasks.add(task)
         task.add_done_callback(self._done)
 
@@ -223,25 +240,42 @@ class WorkerLoop:
             return await _run_pipeline(function, args)
 
     def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the loop in this call's context; the calling thread waits for it."""
-        future = asyncio.run_coroutine_threadsafe(_in_context(coroutine, contextvars.copy_context()), self.loop)
+        """Run ``coroutine`` on the loop in this call's context; the calling thread waits for it (the driver's
+        thread runs the loop meanwhile, other threads' calls are stepped by it)."""
+        in_context = _in_context(coroutine, contextvars.copy_context())
+        if self._drives():
+            return _complete(self.loop, in_context)
+        future = asyncio.run_coroutine_threadsafe(in_context, self.loop)
         try:
             return future.result()
         except BaseException:
             future.cancel()  # interrupted from outside: the coroutine must not go on meanwhile
             raise
 
-    def stop(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for the pipelines in flight, cancel the rest, stop the loop; returns
-        how many were cancelled (those not started yet included)."""
+    def finish(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the pipelines in flight, cancel the rest; returns how many were
+        cancelled (those not started yet included). Then the loop runs in a thread of its own, for the threads
+        that may still wait on it.
+
+        Called by the driver: a pipeline's greenlet goes on only in the thread it began in. From another thread
+        (the driver is gone), the pipelines stepped so far cannot go on: they end unsettled.
+        """
+        if not self._drives():
+            self.hand_over()
+            return asyncio.run_coroutine_threadsafe(self._finish(timeout), self.loop).result()
+        given_back = _complete(self.loop, self._finish(timeout))
+        self.hand_over()
+        return given_back
+
+    def stop(self) -> None:
+        """Stop the loop (and its thread); :meth:`finish` first."""
         global _worker_loop
         if _worker_loop is self:
             _worker_loop = None
-        given_back = self._arrived.clear()
-        given_back += asyncio.run_coroutine_threadsafe(self._finish(timeout), self.loop).result()
+        self.hand_over()
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        return given_back
+        if self._thread is not None:
+            self._thread.join(5)
 
     async def _finish(self, timeout: float) -> int:
         if not self._tasks:

@@ -18,6 +18,8 @@ tests/broker/test_bad_input.py).
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -33,7 +35,7 @@ from vine import promise
 
 from amqp_events.celery.coroutine_loop import CoroutineRunner, runs_on_its_loop
 from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
-from amqp_events.celery.loop import LoopWaker, acks_now
+from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.settling import Archiver, ChannelSettler
@@ -62,6 +64,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     coroutine_runner: CoroutineRunner | None = None
     #: The task channel's acks, sent together before each poll (none without an event loop).
     held_acks: HeldAcks | None = None
+    #: Callbacks given after the consumer stopped, run at its shutdown (while the connection is open).
+    after_stop: collections.deque[Callable[[], Any]] | None = None
     _dispatcher: Dispatcher | None = None
 
     class Blueprint(Consumer.Blueprint):  # type: ignore[misc]
@@ -94,11 +98,15 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         on_its_loop = bool(coroutines) and runs_on_its_loop(self.pool)
         in_flight = settings.async_concurrency if on_its_loop else 0
         size_prefetch(self, settings.worker_prefetch_limit, len(self.app.amqp.queues.consume_from), in_flight)
-        if on_its_loop:
-            self.coroutine_runner = CoroutineRunner(self, settings.async_concurrency, settings.async_shutdown_timeout)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.consumed_queues = ConsumedQueues()
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
+        if on_its_loop:
+            self.coroutine_runner = CoroutineRunner(
+                self.hub, self.wake_event_loop, settings.async_concurrency, settings.async_shutdown_timeout
+            )
+        if self.hub is not None:
+            self.hub.on_tick.add(self.before_poll)
         self.loop_thread = threading.get_ident()
         signals.worker_shutting_down.connect(self.wake_event_loop)  # weak: goes with the consumer
 
@@ -106,6 +114,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         """Upstream (5.5, 5.6 acks; 5.7 other callbacks): a callback queued from another thread (the threads
         pool's) waits until the event loop's poll ends, which takes up to a second once the prefetch window
         is full and nothing arrives: wake the loop."""
+        if self.after_stop is not None:
+            return self._after_stop(*args, **kwargs)
         queued = super().call_soon(*args, **kwargs)
         if threading.get_ident() != self.loop_thread:
             self.wake_event_loop()
@@ -113,10 +123,18 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def call_soon_ack(self, *args: Any, **kwargs: Any) -> Any:
         """Upstream (5.7): acks and rejects, queued as :meth:`call_soon` queues them."""
+        if self.after_stop is not None:
+            return self._after_stop(*args, **kwargs)
         queued = super().call_soon_ack(*args, **kwargs)
         if threading.get_ident() != self.loop_thread:
             self.wake_event_loop()
         return queued
+
+    def _after_stop(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Upstream (5.7): the hub runs its queued callbacks no more once it closed, before the consumer's
+        shutdown; what finishes meanwhile (the threads pool stopping, coroutine handlers) is settled there."""
+        assert self.after_stop is not None
+        self.after_stop.append(functools.partial(callback, *args, **kwargs))
 
     def wake_event_loop(self, **_: Any) -> None:
         """Upstream: a warm shutdown only sets a flag the event loop reads between polls, and a poll lasts
@@ -124,18 +142,45 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         if self.waker is not None:
             self.waker.wake()
 
+    def before_poll(self) -> None:
+        """In each turn of the event loop, before it polls: coroutine handlers stepped, then the acks held
+        (theirs among them) sent together."""
+        if self.coroutine_runner is not None:
+            self.coroutine_runner.before_poll()
+        if self.held_acks is not None:
+            self.held_acks.send_if_waiting()
+
     def stop(self) -> None:
+        self.after_stop = self.after_stop if self.after_stop is not None else collections.deque()
         self.stop_holding_acks()
+        self.finish_coroutines()
+        if self.ordered_runner is not None:  # its running lanes finish while the partitions' channels are open
+            self.ordered_runner.stop()
+        if self.hub is not None:
+            run_queued(self.hub)
+        self.settle_after_stop()
         super().stop()
+
+    def settle_after_stop(self) -> None:
+        while self.after_stop:
+            call_now(self.after_stop.popleft())
+
+    def finish_coroutines(self) -> None:
+        """The event loop turns no more: the running coroutine handlers finish now, before the threads pool and
+        the ordered runner stop (their threads may wait on the coroutines' loop)."""
+        if self.coroutine_runner is not None:
+            self.coroutine_runner.finish()
 
     def shutdown(self) -> None:
         self.stop_holding_acks()  # before Celery's pending acks, which then go straight out
+        self.finish_coroutines()  # before Celery's pending acks, which then go straight out
         signals.worker_shutting_down.disconnect(self.wake_event_loop)
         if self.ordered_runner is not None:
             self.ordered_runner.stop()
         if self.coroutine_runner is not None:  # before the connection closes: their acks go out first
             self.coroutine_runner.stop()
             self.coroutine_runner = None
+        self.settle_after_stop()
         if self.waker is not None:
             self.waker.close()
             self.waker = None
@@ -144,6 +189,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     def connect(self) -> Any:
         if self.ordered_runner is not None:  # what it held went back to the broker with the old connection
             self.ordered_runner.reconnected()
+        if self.coroutine_runner is not None:
+            self.coroutine_runner.reconnected()
         connection = super().connect()
         declare_on_connect(self.app.context, connection, self.app.amqp.queues.consume_from)
         return connection
@@ -203,11 +250,6 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         if self.hub is None:
             return
         self.held_acks = HeldAcks(self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2)
-        self.hub.on_tick.add(self.send_held_acks)
-
-    def send_held_acks(self) -> None:
-        if self.held_acks is not None:
-            self.held_acks.send_if_waiting()
 
     def stop_holding_acks(self) -> None:
         """Send what is held; from now on each ack goes out at once (the loop may not poll again)."""

@@ -1,4 +1,5 @@
-"""Two adjustments of the worker's event loop (kombu's hub): acks sent at once, and a poll ended at once.
+"""Adjustments of the worker's event loop (kombu's hub): acks sent at once, a poll ended at once, what other
+threads queued run before the consumer's steps stop.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 with kombu 5.5.4, 5.6.2 and 5.7.0 (tests/broker/test_celery_compat.py).
 """
@@ -37,6 +38,18 @@ def call_now(callback: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         callback(*args, **kwargs)
     except Exception:
         logger.exception("could not ack or reject a message")
+
+
+def run_queued(hub: Any) -> None:
+    """Run now what other threads queued on the worker's event loop (``hub.call_soon``), as its next turn would.
+
+    Upstream (kombu 5.5-5.7): once the worker stops, the loop turns no more; the hub runs what is queued when it
+    closes, after the consumer's steps stopped. By then the partitions' channels are closed, and the acks of
+    their messages, given in an ordered lane's thread, would be refused (the messages run again).
+    """
+    for callback in hub._pop_ready():
+        if callback:
+            call_now(callback)
 
 
 class LoopWaker:

@@ -138,6 +138,19 @@ def test_the_waker_ends_a_poll_of_the_event_loop_at_once():
     hub.close()
 
 
+def test_what_another_thread_queued_on_the_hub_runs_when_asked():
+    hub = Hub()
+    ran: list[str] = []
+    queuing = threading.Thread(target=hub.call_soon, args=(ran.append, "an ack"))
+    queuing.start()
+    queuing.join(5)
+    event_loop.run_queued(hub)
+    assert ran == ["an ack"]
+    event_loop.run_queued(hub)  # taken: run once
+    assert ran == ["an ack"]
+    hub.close()
+
+
 def test_settings_changes_still_go_through_the_guarded_methods():
     app = events_app("orders")
     conf = app.conf

@@ -8,6 +8,7 @@ from helpers import queue_state, wait_archived
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
+from amqp_events.topology.names import slot_of
 
 
 def runs(records, tag: str) -> list[int]:
@@ -88,3 +89,36 @@ def test_a_warm_shutdown_gives_back_what_is_still_running_after_its_bound(worker
     assert "5 coroutine handler(s) still running" in process.log()
     assert not records.all(state="finished")
     assert queue_state(producer, "awaits:test.lingering") == (5, 0)  # back on the broker, to run again
+
+
+def test_a_warm_shutdown_of_a_threads_worker_finishes_an_ordered_coroutine_handler_in_flight(worker, producer, records):
+    """An ordered lane's thread waits on the coroutines' loop, which the consumer's event loop steps: the worker
+    stops its pool and lanes after its consumer, and the loop must still run for them."""
+    process = worker("ledger", pool="threads", concurrency=2, env={"COROUTINES": "1"})
+    producer.fire("accounts.money.moved", ["acct-1", 1], {"how": {"announce": True, "sleep": 2}})
+    records.wait(1, timeout=60, state="started")
+    assert process.stop(timeout=60) == 0
+    assert [record["seq"] for record in records.all(service="ledger", ok=True)] == [1]
+    partition = f"ledger.ordered.0{int(slot_of('acct-1')) % 4}"
+    assert queue_state(producer, partition) == (0, 0)  # acked before the connection closed
+
+
+def test_a_coroutine_waiting_on_a_socket_or_a_timer_goes_on_after_the_connection_is_lost(
+    rabbitmq, vhost, worker, producer, records
+):
+    """The worker's event loop is reset when its connection is lost: the coroutines' loop is stepped again for
+    its sockets and its timers."""
+    if rabbitmq.node is None:
+        pytest.skip("needs the harness's own node (not $AMQP_URL) to close the worker's connection")
+    process = worker("awaits")
+    producer.fire("test.reply", ["reply"], {"seconds": 4})
+    producer.fire("test.lingering", ["lingering"], {"seconds": 4})
+    records.wait(2, timeout=60, state="started")
+    rabbitmq.node.rabbitmqctl("close_all_connections", "-p", vhost, "closed by the test")
+    wait_for(lambda: process.log().count("Connected to amqp") >= 2, 60, what="the worker connected again")
+    # The runs in flight finish (their acks are refused with the old channel), and the redelivered copies run.
+    finished = records.wait(4, timeout=60, state="finished")
+    assert sorted(record["tag"] for record in finished) == ["lingering", "lingering", "reply", "reply"]
+    assert {record["thread"] for record in finished if record["tag"] == "reply"} == {"MainThread"}  # the consumer's
+    for queue in ("awaits:test.reply", "awaits:test.lingering"):
+        wait_for(lambda q=queue: queue_state(producer, q) == (0, 1) or None, 30, what=f"{queue} acked")

@@ -3,6 +3,8 @@
 import asyncio
 import json
 import os
+import socket
+import threading
 
 from amqp_events import Middleware, current_event, optional, poisonous, retry
 from amqp_events.celery import events_app
@@ -81,3 +83,20 @@ async def on_lingering(tag, seconds):
     record("awaits", tag=tag, state="started")
     await asyncio.sleep(seconds)
     record("awaits", tag=tag, state="finished")
+
+
+@app.handler("test.reply", max_retries=0)
+async def on_reply(tag, seconds):
+    """Waits on a socket alone (no timer of its loop): another thread writes to it after ``seconds``."""
+    record("awaits", tag=tag, state="started")
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    writer = threading.Timer(seconds, theirs.send, (b"x",))
+    writer.start()
+    try:
+        await asyncio.get_running_loop().sock_recv(ours, 1)
+    finally:
+        writer.cancel()
+        ours.close()
+        theirs.close()
+    record("awaits", tag=tag, state="finished", thread=threading.current_thread().name)

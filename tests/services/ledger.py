@@ -21,6 +21,8 @@ app = events_app(
 def in_order(account: str, seq: int, how: dict | None) -> None:
     """Record this run (``ok`` or not), sleeping and failing as ``how`` says (``permanent``: until ``FIXED``)."""
     how = {} if os.environ.get("FIXED") else how or {}
+    if how.get("announce"):
+        record("ledger", tag=f"{account}:{seq}", state="started")
     time.sleep(how.get("sleep", 0))
     failing = how.get("permanent") or current_event().attempt <= how.get("fail_times", 0)
     record("ledger", tag=f"{account}:{seq}", account=account, seq=seq, ok=not failing)
