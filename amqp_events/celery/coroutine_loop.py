@@ -1,4 +1,5 @@
-"""Coroutine handlers in a solo or threads worker: the worker's event loop, stepped by the consumer's.
+"""Coroutine handlers in a solo or threads worker (and each process of the consuming pool): the worker's event
+loop, stepped by the consumer's.
 
 The dispatcher (:mod:`amqp_events.celery.dispatch`) hands each message of a coroutine handler to
 :meth:`CoroutineRunner.submit`; its pipeline runs on the worker's loop (:class:`~amqp_events.coroutines.
@@ -11,8 +12,8 @@ broker keeps that many messages in hand (:mod:`amqp_events.celery.prefetch`).
 When the consumer stops, a warm shutdown runs the loop in the consumer's thread for up to
 ``amqp_events_async_shutdown_timeout`` seconds while the running ones finish (their acks sent at once), and
 cancels the rest: they go back to the broker unacked when the connection closes. The loop then has a thread
-of its own for the threads that still wait on it. Under prefork each child runs its coroutines one at a time
-to completion; gevent (and eventlet) workers refuse coroutine handlers.
+of its own for the threads that still wait on it. Under ``-P prefork`` each child runs its coroutines one at a
+time to completion; gevent (and eventlet) workers refuse coroutine handlers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
+
+from celery.concurrency.solo import TaskPool as SoloPool
+from celery.concurrency.thread import TaskPool as ThreadsPool
 
 from amqp_events.coroutines import WorkerLoop
 
@@ -117,6 +121,6 @@ class CoroutineRunner:
 
 
 def runs_on_its_loop(pool: Any) -> bool:
-    """Does a worker with ``pool`` run coroutine handlers on a loop of its own (solo and threads)? Prefork's
-    children run each to completion; gevent refuses them."""
-    return type(pool).__module__ in ("celery.concurrency.solo", "celery.concurrency.thread")
+    """Does a worker with ``pool`` run coroutine handlers on its loop: solo, threads, and each process of the
+    consuming pool (a solo worker)? Prefork's children run each to completion; gevent refuses them."""
+    return isinstance(pool, SoloPool | ThreadsPool)

@@ -3,6 +3,9 @@ can run them, and a clear refusal on the one that cannot."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 from helpers import queue_state, wait_archived
 
@@ -56,10 +59,14 @@ def test_a_gevent_worker_refuses_coroutine_handlers_with_a_clear_message(worker)
     assert "cannot run under -P gevent" in process.log() and "-P solo" in process.log()
 
 
-@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("threads", 2)])
+@pytest.mark.parametrize(("pool", "concurrency"), [("solo", 1), ("threads", 2), ("consuming", 1)])
 def test_coroutine_handlers_wait_on_io_together_in_one_worker(pool, concurrency, worker, producer, records):
-    """Each handler waits until all 40 are in flight at once: run one after another, each would time out."""
-    worker("awaits", pool=pool, concurrency=concurrency)
+    """Each handler waits until all 40 are in flight at once: run one after another, each would time out. The
+    consuming pool (no -P: the command as typed) with one process, which runs them as a solo worker does."""
+    if pool == "consuming":
+        worker("awaits", "-c", "1", "--loglevel=INFO", as_written=True)
+    else:
+        worker("awaits", pool=pool, concurrency=concurrency)
     for n in range(40):
         producer.fire("test.together", [f"t{n}"], {"group": pool, "size": 40})
     done = wait_for(lambda: len(ran := records.all(event="test.together", hook=None)) == 40 and ran, 90, what="runs")
@@ -122,3 +129,26 @@ def test_a_coroutine_waiting_on_a_socket_or_a_timer_goes_on_after_the_connection
     assert {record["thread"] for record in finished if record["tag"] == "reply"} == {"MainThread"}  # the consumer's
     for queue in ("awaits:test.reply", "awaits:test.lingering"):
         wait_for(lambda q=queue: queue_state(producer, q) == (0, 1) or None, 30, what=f"{queue} acked")
+
+
+def test_the_command_as_typed_counts_each_coroutine_of_a_killed_process_lost_and_finishes_them_when_stopped(
+    worker, producer, records, archive_of
+):
+    """The consuming pool's process runs several coroutines at once: a SIGKILL loses each of them (counted, and
+    archived after the limit of lost runs), and a warm shutdown lets each finish."""
+    process = worker("awaits", "-c", "1", "--loglevel=INFO", as_written=True)
+    stuck = {producer.fire("test.lingering", [f"stuck{n}"], {"seconds": 3600}) for n in range(3)}
+    for kill in range(1, 4):
+        started = records.wait(3 * kill, timeout=60, state="started")
+        assert len({record["pid"] for record in started[-3:]}) == 1  # the three at once, in one process
+        os.kill(started[-1]["pid"], signal.SIGKILL)
+        wait_for(lambda k=kill: process.log().count("was killed by SIGKILL") == k, 30, what="the death seen")
+    archived = wait_archived(archive_of("awaits"), 3, timeout=60)
+    assert {message.id for message in archived} == stuck
+    assert {message.reason for message in archived} == {Reason.WORKER_LOST}
+    finishing = [producer.fire("test.lingering", [f"finish{n}"], {"seconds": 2}) for n in range(3)]
+    wait_for(lambda: {r["id"] for r in records.all(state="started")} >= set(finishing), 60, what="all three started")
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(60) == 0
+    assert {record["id"] for record in records.all(state="finished")} == set(finishing)
+    assert queue_state(producer, "awaits:test.lingering") == (0, 0)  # each acked before its connection closed
