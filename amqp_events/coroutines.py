@@ -197,6 +197,10 @@ class WorkerLoop:
         scheduled = self.loop._scheduled  # type: ignore[attr-defined]  # a heap of timer handles
         return scheduled[0].when() if scheduled else None
 
+    def drive_from_here(self) -> None:
+        """The calling thread steps the loop from now on (it runs the worker's event loop)."""
+        self._driver = threading.get_ident()
+
     def step(self) -> None:
         """One pass of the loop in the calling thread: its ready sockets read, its due timers and the callbacks
         that were ready run (those they make ready wait for the next step)."""

@@ -159,8 +159,9 @@ SHARES = 2
 
 def io_bound_drain(bench: Bench, size: Size) -> Result:
     """Handlers that each wait 10 ms on I/O, a backlog drained by one process: our coroutine handler (-P solo,
-    100 in flight) vs FastStream 0.7 (an async subscriber, prefetch 100) vs plain Celery -P gevent -c 100 (the
-    same handler written as plain code, ``time.sleep`` made cooperative by gevent)."""
+    100 in flight; and the command as typed, one process) vs FastStream 0.7 (an async subscriber, prefetch 100)
+    vs plain Celery -P gevent -c 100 (the same handler written as plain code, ``time.sleep`` made cooperative by
+    gevent)."""
     env = {
         "IO_WAIT": IO_WAIT,
         "ASYNC_NOOP": "1",
@@ -171,6 +172,11 @@ def io_bound_drain(bench: Bench, size: Size) -> Result:
     @contextlib.contextmanager
     def ours(run: Run) -> Iterator[None]:
         with run.worker("ours", env=env):
+            yield
+
+    @contextlib.contextmanager
+    def ours_as_typed(run: Run) -> Iterator[None]:
+        with run.worker("ours", pool=None, concurrency=1, env=env):  # celery worker -c 1: the consuming pool
             yield
 
     @contextlib.contextmanager
@@ -189,9 +195,16 @@ def io_bound_drain(bench: Bench, size: Size) -> Result:
         with faststream_own(run, workers=1, env=env):
             yield
 
-    rates: dict[str, list[float]] = {"ours": [], "FastStream": [], "FastStream own": [], "Celery gevent": []}
+    rates: dict[str, list[float]] = {
+        "ours": [],
+        "ours as typed": [],
+        "FastStream": [],
+        "FastStream own": [],
+        "Celery gevent": [],
+    }
     for _ in range(size.repeats):  # interleaved, so that noise hits each alike
         rates["ours"].append(drained(bench, size, "io-ours", "ours", ours))
+        rates["ours as typed"].append(drained(bench, size, "io-ours-typed", "ours", ours_as_typed))
         rates["FastStream"].append(drained(bench, size, "io-faststream", "ours", faststream_one))
         rates["FastStream own"].append(
             drained(bench, size, "io-faststream-own", "faststream", faststream_as_its_users_run_it)
@@ -206,7 +219,8 @@ def io_bound_drain(bench: Bench, size: Size) -> Result:
         f"FastStream as its users run it (its publisher, format and queue): {rate['FastStream own']:,.0f}/s "
         f"({versus_own:.2f}x); FastStream on our queue and format: {rate['FastStream']:,.0f}/s "
         f"({versus_faststream:.2f}x); plain Celery -P gevent -c {IN_FLIGHT}: {rate['Celery gevent']:,.0f}/s "
-        f"({versus_gevent:.2f}x)",
+        f"({versus_gevent:.2f}x); ours with `celery worker -c 1` as typed (the consuming pool): "
+        f"{rate['ours as typed']:,.0f}/s",
         versus_own,
         ">= 1.2x FastStream as its users run it, >= 2x Celery gevent",
         versus_own >= 1.2 and versus_gevent >= 2.0,

@@ -110,6 +110,18 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         self.loop_thread = threading.get_ident()
         signals.worker_shutting_down.connect(self.wake_event_loop)  # weak: goes with the consumer
 
+    def register_with_event_loop(self, hub: Any) -> None:
+        """Upstream: called in the event loop's thread each time it starts (on every connection), after
+        ``hub.reset()`` dropped its readers. That thread steps the coroutine handlers' loop (Celery's
+        ``start_worker`` runs it in another thread than the one that made the consumer), and the waker must be
+        read again."""
+        super().register_with_event_loop(hub)
+        self.loop_thread = threading.get_ident()
+        if self.coroutine_runner is not None:
+            self.coroutine_runner.worker_loop.drive_from_here()
+        if self.waker is not None:
+            self.waker.keep_reading()
+
     def call_soon(self, *args: Any, **kwargs: Any) -> Any:
         """Upstream (5.5, 5.6 acks; 5.7 other callbacks): a callback queued from another thread (the threads
         pool's) waits until the event loop's poll ends, which takes up to a second once the prefetch window

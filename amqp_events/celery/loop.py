@@ -62,6 +62,11 @@ class LoopWaker:
         os.set_blocking(self.write_fd, False)
         hub.add_reader(self.read_fd, self._drain)
 
+    def keep_reading(self) -> None:
+        """Read again by the hub after a ``hub.reset()`` (which drops every reader)."""
+        if self.read_fd not in self.hub.readers:
+            self.hub.add_reader(self.read_fd, self._drain)
+
     def wake(self) -> None:
         with contextlib.suppress(OSError):  # a full pipe has a wake-up pending already
             os.write(self.write_fd, b"\0")

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from amqp_events.errors import LocalServerError
+from amqp_events.errors import LocalServerError, ManagementError
 from amqp_events.local import partition as cutting
 from amqp_events.local import processes
 from amqp_events.local.broker import LocalBroker
@@ -135,7 +135,9 @@ class LocalCluster:
         self.wait_until_running(timeout)
 
     def wait_until_running(self, timeout: float = 120.0, nodes: int | None = None) -> None:
-        """Until ``nodes`` (all) nodes run the RabbitMQ application, as the cluster itself reports it."""
+        """Until ``nodes`` (all) nodes run the RabbitMQ application, as the cluster itself reports it, and the
+        management API of each node running answers (a node back from a pause lists itself running a moment
+        before its management listener is up again)."""
         wanted = self.size if nodes is None else nodes
         deadline = time.monotonic() + timeout
         running: list[str] = []
@@ -148,7 +150,7 @@ class LocalCluster:
                 except (LocalServerError, ValueError, subprocess.TimeoutExpired):
                     continue
                 running = status.get("running_nodes", [])
-                if len(running) >= wanted:
+                if len(running) >= wanted and all(_answers(node) for node in self.nodes if node.is_running()):
                     return
                 break
             time.sleep(0.5)
@@ -200,3 +202,11 @@ class LocalCluster:
             "rabbitmq_root": str(self.requested_rabbitmq.root) if self.requested_rabbitmq else None,
         }
         (self.directory / "cluster.json").write_text(json.dumps(layout, indent=2))
+
+
+def _answers(node: LocalBroker) -> bool:
+    try:
+        node.management.request("GET", "/api/overview")
+    except ManagementError:
+        return False
+    return True

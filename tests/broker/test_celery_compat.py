@@ -9,9 +9,12 @@ the worker cannot run) and test_settings (settings read once).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import os
 import threading
+from typing import Any
 
 import pytest
 from celery import signals
@@ -21,9 +24,10 @@ from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 from celery.worker.worker import WorkController
 from kombu.asynchronous import Hub
+from kombu.asynchronous.timer import Timer
 from vine import promise
 
-from amqp_events import events_app
+from amqp_events import Middleware, events_app
 from amqp_events.celery import conf as celery_conf
 from amqp_events.celery import consumer, queues
 from amqp_events.celery import loop as event_loop
@@ -116,6 +120,37 @@ def test_a_solo_worker_sends_each_ack_of_celery_s_path_at_once(broker_url, monke
     app.close()
 
 
+def test_celery_s_test_worker_runs_the_event_loop_in_a_thread_of_its_own_which_steps_the_coroutines(
+    broker_url, root_logger_kept
+):
+    """``start_worker`` makes the consumer in this thread and runs its event loop in another: an async middleware
+    hook around the first (plain) handler's run waits on the coroutines' loop from the event loop's thread."""
+    app = events_app("compat", broker_url=broker_url)
+    handled: list[tuple[str, str]] = []
+
+    class AsyncHook(Middleware):
+        async def before_handle(self, attempt: Any) -> None:
+            await asyncio.sleep(0.01)
+
+    app.add_middleware(AsyncHook())
+
+    @app.handler("compat.ping")
+    def on_ping(n: int) -> None:
+        handled.append(("plain", threading.current_thread().name))
+
+    @app.handler("compat.pong")
+    async def on_pong(n: int) -> None:
+        handled.append(("coroutine", threading.current_thread().name))
+
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=30):
+        app.fire("compat.ping", [1], {})
+        wait_for(lambda: len(handled) == 1, 30, what="the plain handler's run, its async hook awaited")
+        app.fire("compat.pong", [2], {})
+        wait_for(lambda: len(handled) == 2, 30, what="the coroutine handler's run")
+    assert handled[0][1] == handled[1][1] != threading.current_thread().name  # both in the event loop's thread
+    app.close()
+
+
 def test_a_lost_process_is_still_reported_to_on_failure_with_these_arguments():
     parameters = inspect.signature(Request.on_failure).parameters
     assert list(parameters) == ["self", "exc_info", "send_failed_event", "return_ok"]
@@ -149,6 +184,29 @@ def test_what_another_thread_queued_on_the_hub_runs_when_asked():
     event_loop.run_queued(hub)  # taken: run once
     assert ran == ["an ack"]
     hub.close()
+
+
+def test_the_waker_is_read_again_after_the_hub_is_reset():
+    """Upstream: the worker's event loop resets its hub (every reader dropped) when a connection is lost."""
+    hub = Hub(timer=Timer(max_interval=60))
+    waker = event_loop.LoopWaker(hub)
+    hub.reset()
+    waker.keep_reading()
+    quiet, never_written = os.pipe()
+    hub.add_reader(quiet, lambda: None)  # with a reader, the loop polls as long as it may (up to 10 s)
+    hub.call_later(60, lambda: None)
+    loop = hub.create_loop()
+    waker.wake()
+    next(loop)  # first turn: sets up the loop
+    turned = threading.Event()
+    thread = threading.Thread(target=lambda: (next(loop), turned.set()), daemon=True)
+    thread.start()
+    waker.wake()
+    assert turned.wait(5), "the loop did not wake up"
+    waker.close()
+    hub.close()
+    os.close(quiet)
+    os.close(never_written)
 
 
 def test_settings_changes_still_go_through_the_guarded_methods():
