@@ -118,7 +118,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         super().register_with_event_loop(hub)
         self.loop_thread = threading.get_ident()
         if self.coroutine_runner is not None:
-            self.coroutine_runner.worker_loop.drive_from_here()
+            self.coroutine_runner.loop_started()
         if self.waker is not None:
             self.waker.keep_reading()
 
@@ -185,7 +185,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self.stop_holding_acks()  # before Celery's pending acks, which then go straight out
-        self.finish_coroutines()  # before Celery's pending acks, which then go straight out
+        self.finish_coroutines()
         signals.worker_shutting_down.disconnect(self.wake_event_loop)
         if self.ordered_runner is not None:
             self.ordered_runner.stop()
@@ -201,8 +201,6 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     def connect(self) -> Any:
         if self.ordered_runner is not None:  # what it held went back to the broker with the old connection
             self.ordered_runner.reconnected()
-        if self.coroutine_runner is not None:
-            self.coroutine_runner.reconnected()
         connection = super().connect()
         declare_on_connect(self.app.context, connection, self.app.amqp.queues.consume_from)
         return connection

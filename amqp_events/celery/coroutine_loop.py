@@ -59,14 +59,17 @@ class CoroutineRunner:
         its timers first), so a new earlier timer, or more due, wakes it."""
         if self._finished or self.worker_loop.handed_over:
             return
-        if self._fd not in self.hub.readers:  # the hub was reset (a new connection): its readers went
-            self.hub.add_reader(self._fd, self._run_due, True)
-            self._timer_at = None  # Celery clears the hub's timers with it (5.5, 5.6)
         if self._run_due(False) or self.worker_loop.due():
             self.wake()
 
-    def reconnected(self) -> None:
-        """The consumer connected again: the hub's timers were cleared (Celery 5.5, 5.6), the loop's one too."""
+    def loop_started(self) -> None:
+        """The hub starts (again, on a new connection), in the thread that steps the loop from now on. Its reset
+        dropped its readers, and Celery 5.5 and 5.6 clear its timers: the loop's are set again."""
+        self.worker_loop.drive_from_here()
+        if self._finished or self.worker_loop.handed_over:
+            return
+        if self._fd not in self.hub.readers:
+            self.hub.add_reader(self._fd, self._run_due, True)
         self._timer_at = None
 
     def _run_due(self, readable: bool) -> bool:

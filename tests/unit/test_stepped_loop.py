@@ -42,6 +42,7 @@ def driven_by_a_hub(concurrency: int = 100) -> Iterator[Driven]:
 
     def drive() -> None:
         driven.driver.append(threading.get_ident())
+        runner.loop_started()  # as the consumer does when Celery starts its event loop
         loop = hub.create_loop()
         while not driven.stop.is_set():
             next(loop)
