@@ -49,4 +49,5 @@ def _compared(what: str, rates: dict[str, list[float]], target: float) -> Result
         f">= {target:g}x the Celery format",
         ratio >= target,
         {"CloudEvents": cloud_events, "Celery format": celery},
+        {"CloudEvents": rates[FORMATS[1]], "Celery format": rates[FORMATS[0]]},
     )

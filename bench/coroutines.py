@@ -71,6 +71,7 @@ def fire_async_one_at_a_time(bench: Bench, size: Size) -> Result:
         ">= 1.0x FastStream",
         ratio >= 1.0,
         {"ours": median(ours), "FastStream": median(theirs)},
+        {"ours": ours, "FastStream": theirs},
     )
 
 
@@ -106,6 +107,7 @@ def fire_async_in_a_batch(bench: Bench, size: Size) -> Result:
         ">= 0.8x raw aio-pika",
         ratio >= 0.8,
         {"ours": median(ours), "raw aio-pika": median(raw)},
+        {"ours": ours, "raw aio-pika": raw},
     )
 
 
@@ -145,6 +147,7 @@ def coroutine_handler_drain(bench: Bench, size: Size) -> Result:
         ">= 0.9x the plain handler",
         ratio >= 0.9,
         {"coroutine": median(ours), "plain": median(plain)},
+        {"coroutine": ours, "plain": plain},
     )
 
 
@@ -225,6 +228,7 @@ def io_bound_drain(bench: Bench, size: Size) -> Result:
         ">= 1.2x FastStream as its users run it, >= 2x Celery gevent",
         versus_own >= 1.2 and versus_gevent >= 2.0,
         rate,
+        rates,
     )
 
 

@@ -173,6 +173,7 @@ def backlog_side_by_side(bench: Bench, size: Size) -> list[Result]:
                     "raw consumer": rate["raw"],
                     f"plain Celery ({setup})": plain,
                 },
+                {name: rates[name] for name in (f"ours {pool}", f"plain {pool}", "faststream", "raw")},
             )
         )
     return results

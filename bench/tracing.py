@@ -50,6 +50,7 @@ def _compared(what: str, rates: dict[str, list[float]], unit: str, target: float
             f">= {target:g}x without tracing",
             traced >= target,
             {"traced": on, "no extra": absent},
+            {"traced": rates["on"], "no extra": rates["absent"]},
         ),
         Result(
             f"{what}, traced, one trace in ten sampled (ParentBased(TraceIdRatioBased(0.1)))",
@@ -59,6 +60,7 @@ def _compared(what: str, rates: dict[str, list[float]], unit: str, target: float
             f">= {target:g}x without tracing",
             one_in_ten >= target,
             {"1 in 10 sampled": sampled, "no extra": absent},
+            {"1 in 10 sampled": rates["sampled"], "no extra": rates["absent"]},
         ),
         Result(
             f"{what}, [otel] installed, no tracer provider",
@@ -68,5 +70,6 @@ def _compared(what: str, rates: dict[str, list[float]], unit: str, target: float
             ">= 0.98x without the extra",
             untraced >= 0.98,
             {"no provider": idle, "no extra": absent},
+            {"no provider": rates["idle"], "no extra": rates["absent"]},
         ),
     ]

@@ -20,7 +20,7 @@ from amqp_events.console.discovery import ServiceQueues, services_in
 from amqp_events.console.index import ArchiveIndex, Snapshot
 from amqp_events.console.overview import ServiceRow, by_urgency, service_row
 from amqp_events.console.watch import Reading, Watch
-from amqp_events.core.arguments import by_name, check_arguments
+from amqp_events.core.arguments import Arguments
 from amqp_events.errors import BadArguments, UnknownService
 from amqp_events.inbox.prune import prunable_stores
 from amqp_events.limits.operations import limits_set, set_row
@@ -227,9 +227,10 @@ class Fleet:
             args_t = tuple(args)
             handler.fit(args_t, kwargs)
             if handler.event_class is None and not handler.leading_parameters:
-                named = by_name(handler.signature, args_t, kwargs)
+                arguments = Arguments(handler.signature)
+                named = arguments.by_name(args_t, kwargs)
                 try:
-                    check_arguments(handler.event, handler.signature, named or {})
+                    arguments.check(handler.event, named or {})
                 except TypeError as exc:
                     raise BadArguments(str(exc)) from None
             return

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, Protocol, TypedDict, TypeVar
 
-from amqp_events.core.arguments import by_name, check_arguments
+from amqp_events.core.arguments import Arguments
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
@@ -88,6 +88,7 @@ class Event(Generic[P]):
         self.name = name
         self.validate = validate
         self._signature = inspect.signature(validate)
+        self._arguments = Arguments(self._signature)
         #: "celery", "cloudevents", or ``None``: the app's ``amqp_events_wire_format``.
         self.wire_format = wire_format
         #: The argument (or the callable) that gives each fire's key; ``None``: fired without a key.
@@ -141,13 +142,13 @@ class Event(Generic[P]):
         they have names), and its key."""
         self.validate(*args, **kwargs)
         key = self.key_of(args, kwargs)
-        named = by_name(self._signature, args, kwargs)
+        named = self._arguments.by_name(args, kwargs)
         if named is None:  # values of *args: they have no names, and travel by position
             if self.app.wire_format(self.wire_format) == "cloudevents":
                 raise TypeError(f"event {self.name!r}: *args have no names; a CloudEvent's data is an object")
-            check_arguments(self.name, self._signature, kwargs)
+            self._arguments.check(self.name, kwargs)
             return args, kwargs, key
-        check_arguments(self.name, self._signature, named)
+        self._arguments.check(self.name, named)
         return (), named, key
 
     def key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

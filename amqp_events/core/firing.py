@@ -85,8 +85,10 @@ def fire(
 ) -> str:
     """Fire ``event`` (no validation) and return its id: once the broker confirmed it, or once an open sink
     took it (see :meth:`amqp_events.celery.EventsApp.fire`)."""
-    firing = _built(context, event, args, kwargs, **options)
-    if _taken(firing):
+    sink = open_sink(context.name)
+    firing = _built(context, sink, event, args, kwargs, **options)
+    if sink is not None:
+        sink.take(firing)
         return firing.message.message_id
     message = delayed(context, firing.message, firing.delay)
     try:
@@ -104,8 +106,10 @@ async def fire_async(
     **options: Unpack[FireOptions],
 ) -> str:
     """:func:`fire` from a coroutine: the confirm is awaited without blocking the event loop."""
-    firing = _built(context, event, args, kwargs, **options)
-    if _taken(firing):
+    sink = open_sink(context.name)
+    firing = _built(context, sink, event, args, kwargs, **options)
+    if sink is not None:
+        sink.take(firing)
         return firing.message.message_id
     message = delayed(context, firing.message, firing.delay)
     try:
@@ -117,29 +121,22 @@ async def fire_async(
 
 def _built(
     context: ServiceContext,
+    sink: Sink | None,
     event: str,
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any] | None,
     **options: Unpack[FireOptions],
 ) -> Firing:
-    """The fired event's message, through the ``before_fire`` hooks."""
+    """The fired event's message, through the ``before_fire`` hooks (``sink``: where it goes instead of the
+    broker, if a block is open)."""
     message, delay = fired_message(
         context, event, args, kwargs or {}, options.get("countdown"), options.get("eta"), options.get("event_id"),
         options.get("wire_format"), options.get("key"),
     )  # fmt: skip
-    firing = Firing(context, message, delay, batched=isinstance(open_sink(context.name), Batch))
+    firing = Firing(context, message, delay, batched=isinstance(sink, Batch))
     for before in context.middleware.before_fire:
         before(firing)
     return firing
-
-
-def _taken(firing: Firing) -> bool:
-    """Did a sink open for the service (a batch, the outbox) take the fired event?"""
-    sink = open_sink(firing.context.name)
-    if sink is None:
-        return False
-    sink.take(firing)
-    return True
 
 
 def _failed(firing: Firing, exc: Exception) -> NoReturn:

@@ -71,7 +71,7 @@ class EventLog(Middleware):
     """The lines above, from the hooks of firing, handling and replaying."""
 
     def after_fire(self, firing: Firing, result: str, error: BaseException | None) -> None:
-        if firing.batched or result not in ("confirmed", "unroutable"):
+        if firing.batched or result not in ("confirmed", "unroutable") or not logger.isEnabledFor(logging.INFO):
             return
         message = firing.message
         log_event(

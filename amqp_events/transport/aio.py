@@ -27,7 +27,6 @@ from aio_pika.exceptions import (
 )
 from aiormq.abc import DeliveredMessage
 from kombu import Connection
-from kombu.serialization import dumps
 
 from amqp_events.errors import MessageRefused, PublishError, TopologyMissing
 from amqp_events.transport.publisher import (
@@ -35,6 +34,7 @@ from amqp_events.transport.publisher import (
     Attempts,
     Connections,
     checks_shared,
+    encoded,
     exchange_to_declare,
     publishing_user,
 )
@@ -207,9 +207,7 @@ class AioBatchPublisher:
 
 
 def _message_of(message: OutgoingMessage, user: str | None) -> aio_pika.Message:
-    content_type, content_encoding, body = message.content_type, message.content_encoding, message.body
-    if content_type is None:  # kombu's JSON serializer, as the blocking publisher encodes
-        content_type, content_encoding, body = dumps(body, serializer="json")
+    content_type, content_encoding, body = encoded(message)
     return aio_pika.Message(
         body if isinstance(body, bytes) else str(body).encode("utf-8"),
         headers=message.headers,

@@ -22,6 +22,7 @@ from amqp_events.transport.publisher import (
     Connections,
     checks_shared,
     exchange_to_declare,
+    read_only_for_confirms,
     send,
 )
 from amqp_events.wire.message import OutgoingMessage
@@ -123,6 +124,7 @@ class ConfirmedBatchPublisher:
         )
         self.channel: Any = self.connection.channel()
         self.channel.confirm_select()
+        read_only_for_confirms(self.channel)
         self._declared: set[str] = set()
         self._next_tag = 1  # delivery tags count per channel
         self.channel.events["basic_ack"].add(self._on_ack)

@@ -23,7 +23,7 @@ from kombu.message import Message
 from amqp_events import Reason, events_app
 from amqp_events.asyncapi.document import document
 from amqp_events.asyncapi.schemas import payload_schema
-from amqp_events.core.arguments import by_name
+from amqp_events.core.arguments import Arguments
 from amqp_events.core.router import read_in_place
 from amqp_events.errors import Refused as Unreadable
 from amqp_events.middleware.cloud_events import CloudEventsReader
@@ -176,9 +176,9 @@ def test_positional_arguments_travel_by_name():
     def invoice_paid(invoice_id: int, amount: str = "0", *rest: int, **extra: str) -> None:
         pass
 
-    signature = inspect.signature(invoice_paid)
-    assert by_name(signature, (42,), {"note": "x"}) == {"invoice_id": 42, "note": "x"}
-    assert by_name(signature, (42, "1", 3), {}) is None  # *rest's values have no names
+    arguments = Arguments(inspect.signature(invoice_paid))
+    assert arguments.by_name((42,), {"note": "x"}) == {"invoice_id": 42, "note": "x"}
+    assert arguments.by_name((42, "1", 3), {}) is None  # *rest's values have no names
 
 
 @dataclasses.dataclass

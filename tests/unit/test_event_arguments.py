@@ -3,12 +3,16 @@ broker, without one; the broker's own test of the order is in test_contract.py's
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from amqp_events import EventsApp, events_app
+from amqp_events.core.arguments import Arguments
 from amqp_events.testing.in_process import in_process
 
 URL = "amqp://in-process.invalid//"
@@ -112,3 +116,58 @@ def test_annotations_kept_as_strings_and_other_types_are_read_as_written(shop):
         paid(1, datetime(2026, 1, 1), "a", "b", note=3)  # not a plain type: not checked; *lines: by position
     [fired] = events.fired
     assert fired.args == (1, datetime(2026, 1, 1), "a", "b") and fired.kwargs == {"note": 3}
+
+
+# --- the precompiled path agrees with inspect's bind, for any signature and any call -------------------------
+
+KINDS = [
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.VAR_POSITIONAL,
+    inspect.Parameter.KEYWORD_ONLY,
+    inspect.Parameter.VAR_KEYWORD,
+]
+NAMES = ["a", "b", "c", "d", "e"]
+
+
+@st.composite
+def signatures(draw: st.DrawFn) -> inspect.Signature:
+    """Valid signatures of up to five parameters: kinds in Python's order, defaults only after the first one."""
+    kinds = sorted(draw(st.lists(st.sampled_from(KINDS), max_size=5)), key=KINDS.index)
+    # At most one *args and one **kwargs.
+    kinds = [k for i, k in enumerate(kinds) if k not in (KINDS[2], KINDS[4]) or k not in kinds[:i]]
+    parameters, defaulted = [], False
+    for name, kind in zip(NAMES, kinds, strict=False):
+        default = inspect.Parameter.empty
+        if kind in (KINDS[0], KINDS[1]):
+            defaulted = defaulted or draw(st.booleans())
+            default = 0 if defaulted else default
+        elif kind is KINDS[3] and draw(st.booleans()):
+            default = 0
+        parameters.append(inspect.Parameter(name, kind, default=default))
+    return inspect.Signature(parameters)
+
+
+def bound(arguments: Arguments, args: tuple, kwargs: dict) -> dict | str | None:
+    """What ``inspect.Signature.bind`` makes of a call, by name (the reference, as it was before the plan), or
+    "refused"."""
+    try:
+        return arguments._bound(args, kwargs)
+    except TypeError:
+        return "refused"
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    signatures(),
+    st.lists(st.integers(), max_size=6).map(tuple),
+    st.dictionaries(st.sampled_from([*NAMES, "x", "y"]), st.integers(), max_size=5),
+)
+def test_arguments_by_name_agree_with_bind(signature: inspect.Signature, args: tuple, kwargs: dict) -> None:
+    arguments = Arguments(signature)
+    expected = bound(arguments, args, kwargs)
+    if expected == "refused":
+        with pytest.raises(TypeError):
+            arguments.by_name(args, kwargs)
+    else:
+        assert arguments.by_name(args, kwargs) == expected
