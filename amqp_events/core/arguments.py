@@ -37,7 +37,9 @@ class Arguments:
         #: Without ``*args`` or positional-only parameters, a call's names are its parameters' (or ``**``'s).
         self._simple = not kinds & {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY}
         self._positional = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-        self._names = frozenset(p.name for p in parameters if p.kind not in _VARIADIC)
+        #: The parameters' names in their order: a call's arguments travel in it, as ``bind`` gives them.
+        self._order = [p.name for p in parameters if p.kind not in _VARIADIC]
+        self._names = frozenset(self._order)
         self._any_name = inspect.Parameter.VAR_KEYWORD in kinds
         self._required = frozenset(p.name for p in parameters if p.kind not in _VARIADIC and p.default is p.empty)
         #: The plain types each annotated parameter takes.
@@ -52,8 +54,14 @@ class Arguments:
                 return self._bound(args, kwargs)  # a name given twice, or unknown: bind says which
             named.update(kwargs)
             if self._required <= named.keys():
-                return named
+                return self._in_order(named) if kwargs else named
         return self._bound(args, kwargs)
+
+    def _in_order(self, named: dict[str, Any]) -> dict[str, Any]:
+        """``named`` in the parameters' order, names only ``**`` takes last (as they were given)."""
+        ordered = {name: named[name] for name in self._order if name in named}
+        ordered.update((name, value) for name, value in named.items() if name not in self._names)
+        return ordered
 
     def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         named: dict[str, Any] = {}

@@ -48,7 +48,7 @@ def encoded(message: OutgoingMessage) -> tuple[str | None, str | None, Any]:
         return message.content_type, message.content_encoding, message.body
     try:
         return JSON, "utf-8", json_text(message.body)
-    except (TypeError, ValueError):  # kombu's serializer says why, as its EncodeError
+    except Exception:  # kombu's serializer says why, as its EncodeError
         content_type, content_encoding, body = dumps(message.body, serializer="json")
         return content_type, content_encoding, body
 
@@ -82,9 +82,9 @@ def read_only_for_confirms(channel: Any) -> None:
     publish). A publisher here reads the socket for its confirms right after, or when its window fills,
     and the notice is read there as before: only the extra poll goes.
     """
-    capabilities = channel.connection.client_properties.get("capabilities")
-    if capabilities:
-        capabilities["connection.blocked"] = False
+    properties = channel.connection.client_properties
+    if properties.get("capabilities"):  # a copy: the app's transport options may share the one they gave
+        properties["capabilities"] = {**properties["capabilities"], "connection.blocked": False}
 
 
 class Attempts:
