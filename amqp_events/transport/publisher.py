@@ -54,9 +54,9 @@ def encoded(message: OutgoingMessage) -> tuple[str | None, str | None, Any]:
 
 
 def send(channel: Any, message: OutgoingMessage, confirm_timeout: float | None = None) -> None:
-    """Publish ``message`` on ``channel``: persistent, mandatory, its body JSON-encoded by kombu unless it is
-    already bytes, with the channel's user as its ``user_id`` (which the broker verifies: receivers learn who
-    sent it, :mod:`amqp_events.wire.trust`). On a channel in confirm mode, wait up to ``confirm_timeout`` for
+    """Publish ``message`` on ``channel``: persistent, mandatory, its body encoded by :func:`encoded`, with the
+    channel's user as its ``user_id`` (which the broker verifies: receivers learn who sent it,
+    :mod:`amqp_events.wire.trust`). On a channel in confirm mode, wait up to ``confirm_timeout`` for
     the confirm.
 
     Straight to the channel (kombu's ``Channel.prepare_message``, py-amqp's ``basic_publish``): kombu's
@@ -240,7 +240,8 @@ class Publisher:
         return True
 
     def _returns_on(self, channel: Any) -> set[str]:
-        """Ids of messages the broker returned as unroutable on ``channel``.
+        """Ids of messages the broker returned as unroutable on ``channel`` (set up, with
+        :func:`read_only_for_confirms`, when the channel is first used).
 
         RabbitMQ sends ``basic.return`` before the confirm, so by the time a
         confirmed publish comes back the set already holds its id.
