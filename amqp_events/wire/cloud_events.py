@@ -61,6 +61,7 @@ STRUCTURED = "application/cloudevents+json"
 #: Header prefixes of binary mode: RabbitMQ's convention first, then the AMQP binding's two.
 PREFIXES = ("ce-", "cloudEvents_", "cloudEvents:")
 REQUIRED = ("specversion", "id", "source", "type")
+_REQUIRED = frozenset(REQUIRED)
 #: The Partitioning extension's attribute: the event's key.
 PARTITION_KEY = "partitionkey"
 #: The wire formats an app or an event fires in.
@@ -124,6 +125,9 @@ def is_cloud_event(headers: Mapping[str, Any], content_type: str | None) -> bool
 
 def read(headers: Mapping[str, Any], body: bytes, content_type: str | None) -> ReadEvent:
     """The CloudEvent in a message, in the library's terms; :class:`~amqp_events.errors.Refused` says why not."""
+    plainly = _read_plainly(headers, body, content_type)
+    if plainly is not None:
+        return plainly[0]
     return _read(_split(headers)[0], body, content_type, _media_type(content_type))
 
 
@@ -135,11 +139,15 @@ def as_event_message(
     that cannot be read (it is then archived as it arrived)."""
     if "task" in headers:  # the library's own form (or read from a CloudEvent before)
         return None
-    media_type = _media_type(content_type)
-    prefixed, kept = _split(headers)
-    if not prefixed and not media_type.startswith("application/cloudevents"):
-        return None
-    event = _read(prefixed, body, content_type, media_type)
+    plainly = _read_plainly(headers, body, content_type)
+    if plainly is not None:
+        event, kept = plainly
+    else:
+        media_type = _media_type(content_type)
+        prefixed, kept = _split(headers)
+        if not prefixed and not media_type.startswith("application/cloudevents"):
+            return None
+        event = _read(prefixed, body, content_type, media_type)
     if "traceparent" in event.attributes:  # the distributed tracing extension: the same W3C context
         kept.setdefault("traceparent", event.attributes["traceparent"])
     return {**kept, **event.headers}, event.body
@@ -162,9 +170,6 @@ def _read(prefixed: dict[str, Any], body: bytes, content_type: str | None, media
         raise Refused(
             Reason.FORBIDDEN_CONTENT_TYPE, f"the CloudEvent's data is {datacontenttype!r}: only JSON data is accepted"
         )
-    plainly = None if structured else _read_plainly(prefixed, attributes, body, datacontenttype)
-    if plainly is not None:
-        return plainly
     try:
         if structured:
             event = rabbitmq.from_structured(rabbitmq.RabbitMQMessage({}, content_type, body), json_format, CloudEvent)
@@ -271,28 +276,44 @@ def _unprefixed(key: str) -> str:
 
 
 def _read_plainly(
-    prefixed: Mapping[str, Any], attributes: dict[str, Any], body: bytes, datacontenttype: str
-) -> ReadEvent | None:
-    """Binary mode's common case, read to what the SDK's reading gives: ``ce-`` headers of the attributes above
-    only, each once, as non-empty text, a time in RFC 3339, and data that is JSON. ``None`` for anything else:
-    the SDK reads it then, and says what is wrong."""
-    if len(attributes) != len(prefixed) or not attributes.keys() <= _PLAIN_ATTRIBUTES:
-        return None  # an attribute twice (``ce-ID`` beside ``ce-id``), or one the SDK has rules of its own for
-    if not next(iter(prefixed)).startswith("ce-"):  # the AMQP binding's prefixes (then none is ``ce-``)
-        return None
-    if not all(isinstance(value, str) and value for value in attributes.values()):
+    headers: Mapping[str, Any], body: bytes, content_type: str | None
+) -> tuple[ReadEvent, dict[str, Any]] | None:
+    """Binary mode's common case in one pass over the headers, read to what the SDK's reading gives (with its
+    other headers): ``ce-`` headers of the attributes above only, as non-empty text, the required ones there, a
+    time in RFC 3339, and JSON data. ``None`` for anything else: the SDK reads it then, and says what is wrong."""
+    _sdk()  # as the SDK's reading: without the extra, a CloudEvent is not read
+    attributes: dict[str, Any] = {}
+    kept: dict[str, Any] = {}
+    for key, value in headers.items():
+        if key.startswith("ce-"):
+            name = key[3:]
+            if name not in _PLAIN_ATTRIBUTES or type(value) is not str or not value:
+                return None  # an attribute the SDK has rules of its own for, or not plainly text
+            attributes[name] = value
+        elif key.startswith(PREFIXES):  # the AMQP binding's prefixes
+            return None
+        else:
+            kept[key] = value
+    datacontenttype = content_type or JSON
+    if (
+        not attributes.keys() >= _REQUIRED
+        or attributes["specversion"] != SPECVERSION
+        or len(attributes["id"]) > _MAX_ID
+        or not _JSON_MEDIA_TYPE.match(datacontenttype)
+        or _media_type(datacontenttype).startswith("application/cloudevents")  # structured mode
+    ):
         return None
     time = attributes.get("time")
     try:
         if time is not None:
             if not _RFC3339.match(time):
                 return None
-            attributes = {**attributes, "time": isoformat(datetime.fromisoformat(time.replace("Z", "+00:00")))}
+            attributes["time"] = isoformat(datetime.fromisoformat(time.replace("Z", "+00:00")))
         data = json.loads(body.decode("utf-8")) if body else None
     except ValueError:  # no such day or time, or data that is not JSON (UnicodeDecodeError is one)
         return None
-    attributes = {**attributes, "datacontenttype": datacontenttype}
-    return ReadEvent(attributes, _kwargs(data, body, False), body if isinstance(data, dict) else None)
+    attributes["datacontenttype"] = datacontenttype
+    return ReadEvent(attributes, _kwargs(data, body, False), body if isinstance(data, dict) else None), kept
 
 
 def _structured_attributes(body: bytes) -> dict[str, Any]:

@@ -143,8 +143,11 @@ _FLAT = frozenset((str, bytes, int, float, bool, type(None), datetime, Decimal))
 
 def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
     """How deep ``value`` nests (a scalar is 0), counted up to ``limit + 1`` (deeper is not walked)."""
-    if type(value) in _FLAT:
+    kind = type(value)
+    if kind in _FLAT:
         return 0
+    if kind is dict and all(type(child) in _FLAT for child in value.values()):
+        return 1 if value else 0  # a table of scalars (a CloudEvent's attributes): nothing to walk
     deepest, todo = 0, [(value, 0)]
     while todo:
         item, level = todo.pop()

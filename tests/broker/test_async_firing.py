@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from datetime import datetime
 from typing import Any
 
 import pytest
+from kombu import Connection, Exchange, Queue
 
 from amqp_events import PublishError, TopologyMissing, events_app
 from amqp_events.local.processes import free_port
+from amqp_events.testing import wait_for
 
 
 def test_events_fired_from_a_coroutine_are_validated_confirmed_and_delivered_once(worker, producer, records):
@@ -141,3 +144,33 @@ def test_an_async_session_s_outbox_publishes_what_its_transaction_committed_and_
         assert sorted(record["tag"] for record in records.all()) == ["committed", "committed too"]
     finally:
         app.close()
+
+
+def test_a_message_fired_from_a_coroutine_is_the_one_fired_blocking(producer, broker_url):
+    """Both publishers write the same properties: persistent, the event's id, the channel's user (which the broker
+    verifies), JSON; nothing else (no priority)."""
+    exchange = Exchange("events", "topic", durable=True)
+    with Connection(broker_url) as connection:
+        queue = Queue(
+            f"wire-{uuid.uuid4().hex}", exchange, "test.ping", exclusive=True, channel=connection.default_channel
+        )
+        queue.declare()
+
+        async def fire_async() -> str:
+            event_id = await producer.fire_async("test.ping", [], {"tag": "t"}, event_id="from-a-coroutine")
+            await producer.close_async()
+            return event_id
+
+        fired = {"blocking": producer.fire("test.ping", [], {"tag": "t"}, event_id="blocking"),
+                 "coroutine": asyncio.run(fire_async())}  # fmt: skip
+        taken = {}
+        for _ in fired:
+            message = wait_for(lambda: queue.get(no_ack=True), 10, what="a fired event")
+            taken[message.properties["message_id"]] = message
+    blocking, coroutine = taken[fired["blocking"]], taken[fired["coroutine"]]
+    assert coroutine.properties.keys() == blocking.properties.keys()
+    assert "priority" not in coroutine.properties
+    for name in ("delivery_mode", "user_id", "content_type", "content_encoding"):
+        assert coroutine.properties[name] == blocking.properties[name], name
+    assert coroutine.properties["delivery_mode"] == 2 and coroutine.properties["user_id"] == "guest"
+    assert coroutine.headers.keys() == blocking.headers.keys() and coroutine.body == blocking.body

@@ -281,19 +281,30 @@ CE_HEADERS = st.dictionaries(
 ).map(lambda headers: {**headers, "ce-specversion": "1.0", "ce-id": "1", "ce-source": "s", "ce-type": "t"})
 
 
-def outcome(headers, body):
+OTHER_HEADERS = st.dictionaries(st.sampled_from(["traceparent", "x-death", "origin", "x"]), VALUES, max_size=2)
+CONTENT_TYPES = st.sampled_from(
+    [JSON, None, "application/json; charset=utf-8", "text/json", "application/vnd.x+json", "Application/JSON",
+     "text/plain", "application/cloudevents+json"]
+)  # fmt: skip
+
+
+def outcome(headers, body, content_type=JSON):
     try:
-        event = read(headers, body, JSON)
+        event = read(headers, body, content_type)
+        adopted = cloud_events.as_event_message(headers, body, content_type)
     except Unreadable as refused:
         return refused.reason
-    return event.attributes, event.kwargs, json.loads(event.body)
+    assert adopted is not None
+    return event.attributes, event.kwargs, json.loads(event.body), adopted[0], json.loads(adopted[1])
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(CE_HEADERS, CE_HEADERS.map(lambda headers: {key: str(value) for key, value in headers.items()})),
-       BODIES)  # fmt: skip
-def test_binary_mode_is_read_as_the_sdk_reads_it(headers, body):
-    """The common case is read without building the SDK's event: whatever comes, it reads what the SDK reads."""
+       OTHER_HEADERS, BODIES, CONTENT_TYPES)  # fmt: skip
+def test_binary_mode_is_read_as_the_sdk_reads_it(headers, others, body, content_type):
+    """The common case is read without building the SDK's event: whatever comes, it reads what the SDK reads,
+    and the message it becomes keeps the same other headers."""
+    headers = {**others, **headers}
     with patch.object(cloud_events, "_read_plainly", lambda *_: None):
-        by_the_sdk = outcome(headers, body)
-    assert outcome(headers, body) == by_the_sdk
+        by_the_sdk = outcome(headers, body, content_type)
+    assert outcome(headers, body, content_type) == by_the_sdk
