@@ -149,12 +149,13 @@ class Tracing(Middleware):
             parent: Context | None = None
         else:
             parent = producer if self.as_child else Context()
+        event = delivery.event
         span = self._tracer().start_span(
-            f"process {delivery.event}",
+            f"process {event}",
             context=parent,
             kind=SpanKind.CONSUMER,
             links=links,
-            attributes=_messaging("process", "process", delivery.exchange, delivery.event, delivery.event_id),
+            attributes=_messaging("process", "process", delivery.exchange, event, delivery.event_id),
         )
         if span.is_recording():  # what a sampler that drops it would have cost to build
             span.set_attributes(_attempt_attributes(attempt))
@@ -260,11 +261,15 @@ def _messaging(operation: str, kind: str, exchange: str, routing_key: str, messa
     }
 
 
-def _links(producer: Context, *traceparents: Any) -> list[Link]:
-    """Links to the producer's context and to each other context given as a ``traceparent`` string."""
-    contexts = [producer, *(_W3C.extract({"traceparent": value}) for value in traceparents if value)]
-    spans = (trace.get_current_span(context).get_span_context() for context in contexts)
-    return [Link(span) for span in spans if span.is_valid]
+def _links(producer: Context, traceparent: Any) -> list[Link]:
+    """Links to the producer's context and to the context a ``traceparent`` string gives, if any."""
+    links = []
+    for context in (producer, _W3C.extract({"traceparent": traceparent}) if traceparent else None):
+        if context is not None:
+            span = trace.get_current_span(context).get_span_context()
+            if span.is_valid:
+                links.append(Link(span))
+    return links
 
 
 def _traceparent(span: Any) -> str:
