@@ -281,7 +281,10 @@ def _read_plainly(
     """Binary mode's common case in one pass over the headers, read to what the SDK's reading gives (with its
     other headers): ``ce-`` headers of the attributes above only, as non-empty text, the required ones there, a
     time in RFC 3339, and JSON data. ``None`` for anything else: the SDK reads it then, and says what is wrong."""
-    _sdk()  # as the SDK's reading: without the extra, a CloudEvent is not read
+    try:
+        _sdk()
+    except ImportError:  # without the extra nothing is read: the general path says so, or that it is no CloudEvent
+        return None
     attributes: dict[str, Any] = {}
     kept: dict[str, Any] = {}
     for key, value in headers.items():

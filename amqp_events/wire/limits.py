@@ -146,7 +146,7 @@ def depth(value: Any, limit: int = MAX_HEADER_DEPTH) -> int:
     kind = type(value)
     if kind in _FLAT:
         return 0
-    if kind is dict and all(type(child) in _FLAT for child in value.values()):
+    if kind is dict and limit >= 0 and all(type(child) in _FLAT for child in value.values()):
         return 1 if value else 0  # a table of scalars (a CloudEvent's attributes): nothing to walk
     deepest, todo = 0, [(value, 0)]
     while todo:

@@ -116,6 +116,19 @@ def test_a_cloud_event_that_cannot_be_read_says_why(headers, body, content_type,
     assert (raised.value.reason, says in str(raised.value)) == (reason, True), str(raised.value)
 
 
+def test_without_the_extra_a_cloud_event_is_refused_with_the_install_line_and_other_messages_pass():
+    def missing():
+        raise ImportError("No module named 'cloudevents'")
+
+    event = {"ce-specversion": "1.0", "ce-id": "e1", "ce-source": "/s", "ce-type": "t"}
+    with patch.object(cloud_events, "_sdk", missing):
+        for reading in (read, cloud_events.as_event_message):
+            with pytest.raises(Unreadable, match=r"celery-amqp-events\[cloudevents\]") as refused:
+                reading(event, b"{}", JSON)
+            assert refused.value.reason is Reason.UNDECODABLE
+        assert cloud_events.as_event_message({"id": "no-task-header"}, b"[]", JSON) is None
+
+
 def test_only_messages_without_a_task_header_are_read_as_cloud_events():
     assert is_cloud_event({"ce-type": "t"}, JSON)
     assert is_cloud_event({}, "application/cloudevents+json; charset=utf-8")

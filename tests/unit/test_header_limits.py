@@ -30,7 +30,7 @@ def nesting(value: Any) -> int:
     return 1 + max(map(nesting, children)) if children else 0
 
 
-@given(FIELDS, st.integers(min_value=0, max_value=6))
+@given(FIELDS, st.integers(min_value=-1, max_value=6))
 def test_depth_is_the_nesting_counted_up_to_one_past_the_limit(value: Any, limit: int) -> None:
     assert limits.depth(value, limit) == min(nesting(value), limit + 1)
 
