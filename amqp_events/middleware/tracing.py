@@ -263,13 +263,9 @@ def _messaging(operation: str, kind: str, exchange: str, routing_key: str, messa
 
 def _links(producer: Context, traceparent: Any) -> list[Link]:
     """Links to the producer's context and to the context a ``traceparent`` string gives, if any."""
-    links = []
-    for context in (producer, _W3C.extract({"traceparent": traceparent}) if traceparent else None):
-        if context is not None:
-            span = trace.get_current_span(context).get_span_context()
-            if span.is_valid:
-                links.append(Link(span))
-    return links
+    contexts = [producer, _W3C.extract({"traceparent": traceparent})] if traceparent else [producer]
+    spans = (trace.get_current_span(context).get_span_context() for context in contexts)
+    return [Link(span) for span in spans if span.is_valid]
 
 
 def _traceparent(span: Any) -> str:

@@ -61,7 +61,6 @@ STRUCTURED = "application/cloudevents+json"
 #: Header prefixes of binary mode: RabbitMQ's convention first, then the AMQP binding's two.
 PREFIXES = ("ce-", "cloudEvents_", "cloudEvents:")
 REQUIRED = ("specversion", "id", "source", "type")
-_REQUIRED = frozenset(REQUIRED)
 #: The Partitioning extension's attribute: the event's key.
 PARTITION_KEY = "partitionkey"
 #: The wire formats an app or an event fires in.
@@ -299,9 +298,7 @@ def _read_plainly(
             kept[key] = value
     datacontenttype = content_type or JSON
     if (
-        not attributes.keys() >= _REQUIRED
-        or attributes["specversion"] != SPECVERSION
-        or len(attributes["id"]) > _MAX_ID
+        _required_problem(attributes) is not None
         or not _JSON_MEDIA_TYPE.match(datacontenttype)
         or _media_type(datacontenttype).startswith("application/cloudevents")  # structured mode
     ):
@@ -330,22 +327,21 @@ def _structured_attributes(body: bytes) -> dict[str, Any]:
 
 
 def _check_required(attributes: Mapping[str, Any]) -> None:
+    problem = _required_problem(attributes)
+    if problem is not None:
+        raise Refused(Reason.INVALID_CLOUDEVENT, problem)
+
+
+def _required_problem(attributes: Mapping[str, Any]) -> str | None:
+    """What is wrong with a CloudEvent's required attributes, if anything."""
     missing = [name for name in REQUIRED if attributes.get(name) in (None, "")]
     if missing:
-        raise Refused(
-            Reason.INVALID_CLOUDEVENT,
-            f"the CloudEvent has no {', '.join(repr(name) for name in missing)} (required: {', '.join(REQUIRED)})",
-        )
+        return f"the CloudEvent has no {', '.join(repr(name) for name in missing)} (required: {', '.join(REQUIRED)})"
     if attributes["specversion"] != SPECVERSION:
-        raise Refused(
-            Reason.INVALID_CLOUDEVENT,
-            f"CloudEvents specversion {attributes['specversion']!r} is not supported (only {SPECVERSION!r})",
-        )
+        return f"CloudEvents specversion {attributes['specversion']!r} is not supported (only {SPECVERSION!r})"
     if len(str(attributes["id"])) > _MAX_ID:
-        raise Refused(
-            Reason.INVALID_CLOUDEVENT,
-            f"the CloudEvent's id is {len(str(attributes['id']))} characters long: at most {_MAX_ID} are kept",
-        )
+        return f"the CloudEvent's id is {len(str(attributes['id']))} characters long: at most {_MAX_ID} are kept"
+    return None
 
 
 def _kwargs(data: Any, body: bytes, structured: bool) -> dict[str, Any]:
