@@ -235,6 +235,24 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         logger.warning("the main process of a consuming pool received a message: returned to its queue")
         message.reject(requeue=True)
 
+    # Remote control's ``cancel_consumer`` and ``add_consumer``: with a consuming pool, its processes follow.
+
+    def cancel_task_queue(self, queue: str) -> None:
+        if not consumes_in_processes(self.pool):
+            return super().cancel_task_queue(queue)  # type: ignore[no-any-return]
+        self._processes_consume(queue, False)
+
+    def add_task_queue(self, queue: str, *args: Any, **options: Any) -> None:
+        if not consumes_in_processes(self.pool):
+            return super().add_task_queue(queue, *args, **options)  # type: ignore[no-any-return]
+        self._processes_consume(queue, True)
+
+    def _processes_consume(self, queue: str, consuming: bool) -> None:
+        if self.pool.shared.consume(queue, consuming):
+            logger.info("the pool's processes %s queue %s", "consume" if consuming else "stop consuming", queue)
+        else:  # a queue its processes were not started with (new ones are only declared by a restart)
+            logger.warning("%s is not a queue this worker was started to consume: -Q names them", queue)
+
     def make_dispatcher(self, promise: Callable[..., Any]) -> Dispatcher:
         pool = self.pool
         if isinstance(pool, SoloPool):

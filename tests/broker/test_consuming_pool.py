@@ -12,7 +12,7 @@ import sys
 from urllib.parse import quote
 
 import pytest
-from helpers import TESTS, wait_archived
+from helpers import TESTS, queue_state, wait_archived
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
@@ -86,6 +86,23 @@ def test_max_tasks_per_child_recycles_processes_without_losing_or_repeating_a_me
     processes_of(process)
 
 
+def test_max_memory_per_child_recycles_the_process_over_it_and_only_that_one_without_losing_a_message(
+    worker, producer, records
+):
+    process = typed(worker, "--max-memory-per-child", "200000")  # KiB: a process at rest is a quarter of it
+    before = set(processes_of(process))
+    big = producer.fire("test.ping", ["big"], {"how": {"allocate_mb": 250}})
+    [ran_big] = records.wait(1, id=big)
+    wait_for(lambda: set(process.children()) - before, 30, what="the process that ran it replaced")
+    ids = [producer.fire("test.ping", [f"m{n}"], {}) for n in range(40)]
+    for event_id in ids:
+        records.wait(1, id=event_id)
+    assert sorted(r["id"] for r in records.all(service="orders")) == sorted([big, *ids])  # each once
+    after = set(processes_of(process))
+    assert before - after == {ran_big["pid"]}  # the other process, never over the limit, kept on
+    assert process.log().count("recycled at") == 1 and "--max-memory-per-child 200000" in process.log()
+
+
 def test_a_run_past_its_hard_time_limit_is_killed_counted_as_lost_and_archived_after_the_limit(
     worker, producer, records, archive_of
 ):
@@ -123,7 +140,7 @@ def test_a_warm_shutdown_lets_each_process_finish_its_run_and_loses_nothing(work
     wait_for(lambda: process.children() == [], 10, what="no process left")
 
 
-def test_remote_control_reaches_the_main_process_and_breakers_stop_the_processes_consuming(
+def test_remote_control_reaches_the_main_process_breakers_stop_the_processes_consuming_and_shutdown_stops_all(
     worker, producer, records, rabbitmq, vhost, broker_url, cli
 ):
     process = typed(worker)
@@ -142,6 +159,49 @@ def test_remote_control_reaches_the_main_process_and_breakers_stop_the_processes
     cli("breakers", "close", "on_ping")
     wait_for(lambda: consumers() == 2, 30, what="both consuming again")
     records.wait(1, id=held)
+    # Celery's worker stops without replying to it, so the command says that none did (with any pool).
+    subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "services.orders", "control", "shutdown", "--timeout", "1"],
+        env=env, cwd=TESTS, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert process.wait(30) == 0  # a warm shutdown of the whole worker, its processes with it
+    wait_for(lambda: process.children() == [], 10, what="no process left")
+    assert consumers() == 0 and "Traceback" not in process.log()
+
+
+def test_cancel_consumer_stops_every_process_consuming_the_queue_a_replaced_one_too_until_add_consumer(
+    worker, producer, records, rabbitmq, vhost, broker_url
+):
+    process = typed(worker)
+    before = set(processes_of(process))
+    consumers = lambda: len(consumers_of(rabbitmq, vhost, "orders:test.ping"))  # noqa: E731
+    wait_for(lambda: consumers() == 2, 30, what="two consumers")
+    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
+
+    def control(*command: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "services.orders", "control", *command],
+            env=env, cwd=TESTS, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "no longer consuming from orders:test.ping" in control("cancel_consumer", "orders:test.ping")
+    wait_for(lambda: queue_state(producer, "orders:test.ping")[1] == 0, 30, what="neither process consuming it")
+    held = [producer.fire("test.ping", [f"held{n}"], {}) for n in range(50)]  # a process consuming it takes some
+
+    def connections() -> set[str]:  # of the processes consuming another queue of the worker
+        return {c["channel_details"]["connection_name"] for c in consumers_of(rabbitmq, vhost, "orders:test.sections")}
+
+    old = wait_for(lambda: len(found := connections()) == 2 and found, 30, what="both consuming another queue")
+    os.kill(sorted(before)[0], signal.SIGKILL)  # its replacement starts with the queue cancelled
+    # Consuming another queue, the new process consumes every queue it was going to from the start.
+    wait_for(lambda: len(connections() - old) == 1, 60, what="the killed process replaced, and consuming")
+    assert queue_state(producer, "orders:test.ping") == (50, 0) and not records.all(event="test.ping")
+    assert "add consumer orders:test.ping" in control("add_consumer", "orders:test.ping")
+    for event_id in held:
+        records.wait(1, id=event_id)
+    wait_for(lambda: queue_state(producer, "orders:test.ping")[1] == 2, 30, what="both consuming it again")
 
 
 def test_autoscale_is_refused_with_the_way_out(worker):

@@ -61,6 +61,9 @@ def behave(task: Any, service: str, tag: str, how: dict[str, Any] | None) -> Non
         return
     if how.get("sleep"):
         time.sleep(how["sleep"])
+    if how.get("allocate_mb"):  # resident for a moment: the process's peak memory rises by as much
+        held = b"x" * (how["allocate_mb"] << 20)
+        del held
     if how.get("kill"):
         os.kill(os.getpid(), signal.SIGKILL)
     if how.get("exit"):

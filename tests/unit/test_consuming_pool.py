@@ -111,3 +111,12 @@ def test_a_full_slot_says_so_and_the_broker_s_count_decides_for_the_rest(count):
     places = [runs.started(run_key("h", f"e{n}", 0, 0)) for n in range(count)]
     assert places[-1] is None and None not in places[:-1]
     assert LOST_KEPT > 0
+
+
+def test_the_queues_cancelled_by_remote_control_are_shared_and_only_those_the_worker_was_started_with():
+    shared = Shared(2, ["h"], ["orders:a", "orders:b"])
+    assert shared.cancelled_queues() == set()
+    assert shared.consume("orders:b", False) and shared.cancelled_queues() == {"orders:b"}
+    assert not shared.consume("orders:new", False)  # not one of its queues: nothing to follow
+    assert shared.consume("orders:b", True) and shared.cancelled_queues() == set()
+    assert Shared(1, ["h"]).cancelled_queues() == set()

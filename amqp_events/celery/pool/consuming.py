@@ -4,8 +4,9 @@ when one ends, and kills a run past its hard time limit.
 Celery's prefork pool receives every message in the main process and pipes it to a child; on a fast stream that
 one process is the bottleneck. Here each process holds its own connection and consumes (see
 :mod:`amqp_events.celery.pool.process`), so nothing passes through the main process. The main process keeps what
-is the worker's as a whole: its remote control (ping, breakers, shutdown), heartbeats, health probes and the
-metrics endpoint (the processes write their metrics to files it sums).
+is the worker's as a whole: its remote control (ping, breakers, ``cancel_consumer`` and ``add_consumer``, which
+the processes follow, shutdown), heartbeats, health probes and the metrics endpoint (the processes write their
+metrics to files it sums).
 
 A process that dies mid-run (SIGKILL, the OOM killer, a hard time limit) leaves its messages unacked: the broker
 delivers them again, flagged redelivered, and each counts as a lost run; past the limit it is archived. A process
@@ -57,7 +58,12 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         self.worker: Any = None
         self.time_limit, self.soft_time_limit = options.get("timeout"), options.get("soft_timeout")
         self.max_tasks, self.max_memory_kib = options.get("maxtasksperchild"), options.get("max_memory_per_child")
-        self.shared = Shared(self.limit, sorted(self.app.tasks) if self.app is not None else ())
+        app = self.app
+        self.shared = Shared(
+            self.limit,
+            sorted(app.tasks) if app is not None else (),
+            sorted(app.amqp.queues.consume_from) if app is not None else (),  # -Q given: selected by now
+        )
         self.processes: list[BaseProcess | None] = [None] * self.limit
         self.early_failures = [0] * self.limit
         self.start_after = [0.0] * self.limit

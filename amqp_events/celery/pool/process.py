@@ -8,7 +8,8 @@ health probes, the metrics endpoint, inbox pruning and the breakers' state machi
   limit raises Celery's ``SoftTimeLimitExceeded`` in the handler (sync handlers run on the main thread);
 * recycling: after ``--max-tasks-per-child`` messages, or once its peak RSS is over ``--max-memory-per-child``
   KiB, the process stops as a warm shutdown does, and the main process starts another;
-* the breakers: it stops and starts consuming a handler's queue as the main process's breaker says;
+* the breakers and remote control: it stops and starts consuming a queue as the main process's breaker of its
+  handler, and ``cancel_consumer``/``add_consumer`` sent to the main process, say;
 * SIGTERM (or its parent's death) stops it warmly; SIGINT (a terminal's Ctrl-C) is the main process's.
 """
 
@@ -76,6 +77,8 @@ class ProcessPool(SoloPool):  # type: ignore[misc]
     """The solo pool of one process of the consuming pool, whose time limits the main process enforces."""
 
     enforces_time_limits = True
+    #: What the process shares with the main process (set as it forks: one process, one pool).
+    shared: Shared
 
 
 def serve(app: Any, assignment: Assignment) -> None:
@@ -87,7 +90,8 @@ def serve(app: Any, assignment: Assignment) -> None:
     worker_steps, consumer_steps = MAIN_PROCESS_STEPS
     app.steps["worker"].difference_update(worker_steps)
     app.steps["consumer"].difference_update(consumer_steps)
-    app.steps["consumer"].add(FollowBreakers)
+    app.steps["consumer"].add(FollowMainProcess)
+    ProcessPool.shared = assignment.shared
     stopping = Stopping()
     app.add_middleware(ProcessLimits(app, assignment, stopping))  # before the worker reads the app's context
     stopping.worker = app.WorkController(
@@ -193,11 +197,12 @@ class ProcessLimits(Middleware):
                 self.stopping.stop(f"recycled at {peak} KiB resident: --max-memory-per-child {self.max_memory_kib}")
 
 
-class FollowBreakers(bootsteps.StartStopStep):  # type: ignore[misc]
-    """Consumer step of a pool process: consume a handler's queue only while the main process's breaker of it
-    is not open (the state machines, and the operator's holds, are the main process's)."""
+class FollowMainProcess(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Consumer step of a pool process: consume a queue only while the main process's breaker of its handler is
+    not open and remote control did not cancel it (the state machines, the operator's holds and the remote
+    control are the main process's)."""
 
-    label = "amqp-events breakers followed"
+    label = "amqp-events main process followed"
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
@@ -206,9 +211,9 @@ class FollowBreakers(bootsteps.StartStopStep):  # type: ignore[misc]
         self.paused: set[str] = set()
 
     def start(self, c: Any) -> None:
-        self.paused = set()  # a new consumer consumes every queue
-        if breakers_of(c.app) is not None and self.timer_entry is None:
-            self.follow(c)
+        self.paused = set()  # a new consumer has every queue: those paused are taken out before the loop consumes
+        self.follow(c)
+        if self.timer_entry is None:
             self.timer_entry = c.timer.call_repeatedly(TICK, self.follow, (c,))
 
     def stop(self, c: Any) -> None:
@@ -220,14 +225,14 @@ class FollowBreakers(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def follow(self, c: Any) -> None:
         breakers = breakers_of(c.app)
-        if breakers is None:
-            return
-        opened = breakers.open_queues()
-        for queue in opened - self.paused:
+        paused = c.pool.shared.cancelled_queues()
+        if breakers is not None:
+            paused |= breakers.open_queues()
+        for queue in paused - self.paused:
             stop_consuming(c, queue)
-        for queue in self.paused - opened:
+        for queue in self.paused - paused:
             start_consuming(c, queue)
-        self.paused = opened
+        self.paused = paused
 
 
 def _die_with_parent() -> None:

@@ -2,6 +2,8 @@
 
 * Hard deadlines: each process writes the earliest deadline of its runs to its slot; the main process kills a
   process whose run is past it. Shared, not sent: a process stuck in a handler cannot send anything.
+* The queues the operator stopped the worker consuming (``celery control cancel_consumer``, until
+  ``add_consumer``): the main process answers remote control, each process follows.
 * Runs in progress: each process writes which runs it is in (handler, event id, retries, lost runs so far). The
   process that gets such a message again counts the loss (as Celery's prefork pool does), while the messages a
   dead process had only prefetched come back uncounted. When it dies, the main process keeps its runs a while
@@ -41,11 +43,14 @@ def run_key(handler: str, event_id: str, retries: int, lost_runs: int) -> bytes:
 
 
 class Shared:
-    """The pool's shared memory: per process slot, a deadline and the runs in progress; the lost runs."""
+    """The pool's shared memory: per process slot, a deadline and the runs in progress; the lost runs; the
+    queues cancelled by remote control."""
 
-    def __init__(self, slots: int, handlers: Sequence[str]) -> None:
+    def __init__(self, slots: int, handlers: Sequence[str], queues: Sequence[str] = ()) -> None:
         slots = max(1, slots)
         self.handlers = tuple(handlers)
+        self.queues = tuple(queues)
+        self.cancelled = multiprocessing.RawArray("b", max(1, len(self.queues)))
         self.deadline = multiprocessing.RawArray("d", slots)
         self.deadline_of = multiprocessing.RawArray("i", slots)
         #: Has the slot's process begun a run yet? (One that dies before failed at its start.)
@@ -76,7 +81,18 @@ class Shared:
                 _put(self.lost, at, key)
                 self.lost_next.value = (at + 1) % LOST_KEPT
 
+    def consume(self, queue: str, consuming: bool) -> bool:
+        """The worker consumes ``queue`` again, or no longer; ``False`` for a queue it was not started with."""
+        if queue not in self.queues:
+            return False
+        self.cancelled[self.queues.index(queue)] = not consuming
+        return True
+
     # -- a process ---------------------------------------------------------------------------------------------
+
+    def cancelled_queues(self) -> set[str]:
+        """The queues no process of the worker consumes now (read at every tick of each process)."""
+        return {queue for queue, cancelled in zip(self.queues, self.cancelled, strict=False) if cancelled}
 
     def was_lost(self, key: bytes) -> bool:
         """Was this run lost? A message is given to one consumer at a time: if a run of it is still written down
