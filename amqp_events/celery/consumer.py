@@ -248,10 +248,11 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         self._processes_consume(queue, True)
 
     def _processes_consume(self, queue: str, consuming: bool) -> None:
-        if self.pool.shared.consume(queue, consuming):
-            logger.info("the pool's processes %s queue %s", "consume" if consuming else "stop consuming", queue)
-        else:  # a queue its processes were not started with (new ones are only declared by a restart)
-            logger.warning("%s is not a queue this worker was started to consume: -Q names them", queue)
+        name = getattr(self.app.amqp.queues.aliases.get(queue), "name", queue)  # as upstream: an alias, or a name
+        if self.pool.shared.consume(name, consuming):
+            logger.info("the pool's processes %s queue %s", "consume" if consuming else "stop consuming", name)
+        else:  # the processes forked with the app's queues: another is consumed after a restart naming it (-Q)
+            logger.warning("%s is not a queue of the app this worker's processes run: not followed", queue)
 
     def make_dispatcher(self, promise: Callable[..., Any]) -> Dispatcher:
         pool = self.pool

@@ -22,7 +22,7 @@ from typing import Any
 
 from celery import bootsteps
 
-from amqp_events.celery.steps import breakers_of
+from amqp_events.celery.steps import breakers_of, consumes_in_processes
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,11 @@ def readiness(c: Any) -> tuple[bool, str]:
     connection = c.connection
     if connection is None or not connection.connected:
         return False, "not connected to the broker"
+    if consumes_in_processes(c.pool):  # the main process consumes nothing: its processes do
+        consuming, processes = sum(c.pool.shared.consuming), c.pool.limit
+        if consuming < processes:
+            return False, f"{consuming} of its {processes} processes consuming (the others starting or reconnecting)"
+        return True, f"connected; its {processes} processes consuming"
     task_consumer = c.task_consumer
     if task_consumer is None:
         return False, "not consuming yet"

@@ -32,6 +32,20 @@ def consumers_of(rabbitmq, vhost: str, queue: str) -> list[dict]:
     return [consumer for consumer in found if consumer["queue"]["name"] == queue and consumer["channel_details"]]
 
 
+def celery(broker_url: str, *command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``celery -A services.orders COMMAND...`` for the test's vhost, as an operator types it."""
+    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
+    argv = [sys.executable, "-m", "celery", "-A", "services.orders", *command]
+    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=timeout)
+
+
+def control(broker_url: str, *command: str) -> str:
+    """``celery control COMMAND...``, which must succeed; what it said."""
+    done = celery(broker_url, "control", *command)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def processes_of(process) -> list[int]:
     return wait_for(lambda: len(found := process.children()) == 2 and found, 30, what="the pool's two processes")
 
@@ -147,11 +161,7 @@ def test_remote_control_reaches_the_main_process_breakers_stop_the_processes_con
     processes_of(process)
     consumers = lambda: len(consumers_of(rabbitmq, vhost, "orders:test.ping"))  # noqa: E731
     wait_for(lambda: consumers() == 2, 30, what="two consumers")
-    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
-    ping = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "services.orders", "inspect", "ping", "--json"],
-        env=env, cwd=TESTS, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    ping = celery(broker_url, "inspect", "ping", "--json")
     assert len(json.loads(ping.stdout)) == 1, ping.stdout  # one worker answers, not each process
     assert "open: 1 worker(s)" in cli("breakers", "open", "on_ping").output
     wait_for(lambda: consumers() == 0, 30, what="neither process consuming the paused queue")
@@ -160,10 +170,7 @@ def test_remote_control_reaches_the_main_process_breakers_stop_the_processes_con
     wait_for(lambda: consumers() == 2, 30, what="both consuming again")
     records.wait(1, id=held)
     # Celery's worker stops without replying to it, so the command says that none did (with any pool).
-    subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "services.orders", "control", "shutdown", "--timeout", "1"],
-        env=env, cwd=TESTS, capture_output=True, timeout=60,
-    )  # fmt: skip
+    celery(broker_url, "control", "shutdown", "--timeout", "1")
     assert process.wait(30) == 0  # a warm shutdown of the whole worker, its processes with it
     wait_for(lambda: process.children() == [], 10, what="no process left")
     assert consumers() == 0 and "Traceback" not in process.log()
@@ -176,17 +183,7 @@ def test_cancel_consumer_stops_every_process_consuming_the_queue_a_replaced_one_
     before = set(processes_of(process))
     consumers = lambda: len(consumers_of(rabbitmq, vhost, "orders:test.ping"))  # noqa: E731
     wait_for(lambda: consumers() == 2, 30, what="two consumers")
-    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
-
-    def control(*command: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "services.orders", "control", *command],
-            env=env, cwd=TESTS, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
-    assert "no longer consuming from orders:test.ping" in control("cancel_consumer", "orders:test.ping")
+    assert "no longer consuming from orders:test.ping" in control(broker_url, "cancel_consumer", "orders:test.ping")
     wait_for(lambda: queue_state(producer, "orders:test.ping")[1] == 0, 30, what="neither process consuming it")
     held = [producer.fire("test.ping", [f"held{n}"], {}) for n in range(50)]  # a process consuming it takes some
 
@@ -198,10 +195,21 @@ def test_cancel_consumer_stops_every_process_consuming_the_queue_a_replaced_one_
     # Consuming another queue, the new process consumes every queue it was going to from the start.
     wait_for(lambda: len(connections() - old) == 1, 60, what="the killed process replaced, and consuming")
     assert queue_state(producer, "orders:test.ping") == (50, 0) and not records.all(event="test.ping")
-    assert "add consumer orders:test.ping" in control("add_consumer", "orders:test.ping")
+    assert "add consumer orders:test.ping" in control(broker_url, "add_consumer", "orders:test.ping")
     for event_id in held:
         records.wait(1, id=event_id)
     wait_for(lambda: queue_state(producer, "orders:test.ping")[1] == 2, 30, what="both consuming it again")
+
+
+def test_add_consumer_starts_a_queue_of_the_app_the_worker_was_not_started_with(worker, producer, records, broker_url):
+    process = typed(worker, "-Q", "orders:test.ping")
+    processes_of(process)
+    ping = producer.fire("test.ping", ["ping"], {})
+    records.wait(1, id=ping)  # the processes consume
+    later = producer.fire("test.orders_only", ["later"], {})
+    assert queue_state(producer, "orders:test.orders_only") == (1, 0)  # no consumer: -Q left it out
+    assert "add consumer orders:test.orders_only" in control(broker_url, "add_consumer", "orders:test.orders_only")
+    records.wait(1, id=later)
 
 
 def test_autoscale_is_refused_with_the_way_out(worker):

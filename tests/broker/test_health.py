@@ -47,3 +47,18 @@ def test_readiness_follows_the_broker_and_liveness_the_worker_s_loop(node, worke
     assert said["loop_turned_seconds_ago"] > 2
     records.wait(1, tag="holds the loop")
     wait_for(lambda: probe(port, "/livez")[0] == 200, 30, what="live again")
+
+
+def test_the_command_as_typed_is_ready_while_its_processes_consume(node, worker, producer, records):
+    """The consuming pool's main process consumes nothing: it is ready while each of its processes consumes."""
+    port = free_port()
+    worker("orders", "-c", "2", "--loglevel=INFO", as_written=True, env={"AMQP_EVENTS_HEALTH_PORT": str(port)})
+    ready = lambda: (found := probe(port, "/readyz"))[0] == 200 and found  # noqa: E731
+    assert wait_for(ready, 30, what="the worker ready")[1]["why"] == "connected; its 2 processes consuming"
+    node.stop()
+    _, said = wait_for(lambda: (found := probe(port, "/readyz"))[0] == 503 and found, 30, what="not ready")
+    assert not said["ready"] and said["why"]
+    node.start()
+    wait_for(ready, 60, what="ready again once every process consumes again")
+    producer.fire("test.ping", ["after"], {})
+    records.wait(1, tag="after")

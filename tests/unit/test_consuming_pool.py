@@ -113,10 +113,17 @@ def test_a_full_slot_says_so_and_the_broker_s_count_decides_for_the_rest(count):
     assert LOST_KEPT > 0
 
 
-def test_the_queues_cancelled_by_remote_control_are_shared_and_only_those_the_worker_was_started_with():
-    shared = Shared(2, ["h"], ["orders:a", "orders:b"])
-    assert shared.cancelled_queues() == set()
-    assert shared.consume("orders:b", False) and shared.cancelled_queues() == {"orders:b"}
-    assert not shared.consume("orders:new", False)  # not one of its queues: nothing to follow
-    assert shared.consume("orders:b", True) and shared.cancelled_queues() == set()
+def test_the_queues_cancelled_by_remote_control_are_shared_and_only_those_of_the_app():
+    shared = Shared(2, ["h"], ["orders:a", "orders:b", "orders:c"], {"orders:c"})  # c: not selected (-Q)
+    assert shared.cancelled_queues() == {"orders:c"}
+    assert shared.consume("orders:b", False) and shared.cancelled_queues() == {"orders:b", "orders:c"}
+    assert not shared.consume("orders:new", False)  # not one of the app's queues: nothing to follow
+    assert shared.consume("orders:b", True) and shared.consume("orders:c", True) and not shared.cancelled_queues()
     assert Shared(1, ["h"]).cancelled_queues() == set()
+
+
+def test_a_process_that_died_no_longer_counts_as_consuming():
+    shared = Shared(2, ["h"])
+    shared.consuming[0] = shared.consuming[1] = 1
+    shared.process_ended(1)
+    assert list(shared.consuming) == [1, 0]

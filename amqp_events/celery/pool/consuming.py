@@ -58,12 +58,7 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         self.worker: Any = None
         self.time_limit, self.soft_time_limit = options.get("timeout"), options.get("soft_timeout")
         self.max_tasks, self.max_memory_kib = options.get("maxtasksperchild"), options.get("max_memory_per_child")
-        app = self.app
-        self.shared = Shared(
-            self.limit,
-            sorted(app.tasks) if app is not None else (),
-            sorted(app.amqp.queues.consume_from) if app is not None else (),  # -Q given: selected by now
-        )
+        self.shared = _shared_memory(self.app, self.limit)
         self.processes: list[BaseProcess | None] = [None] * self.limit
         self.early_failures = [0] * self.limit
         self.start_after = [0.0] * self.limit
@@ -209,3 +204,12 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         for process in self.processes:
             if process is not None and process.pid and process.exitcode is None:
                 os.kill(process.pid, how)
+
+
+def _shared_memory(app: Any, processes: int) -> Shared:
+    """What the processes share with this one. Every queue of the app is there: those the worker was not started
+    to consume (``-Q``, ``-X``: applied by now) begin cancelled, for ``add_consumer`` to start."""
+    if app is None:
+        return Shared(processes, ())
+    queues = app.amqp.queues
+    return Shared(processes, sorted(app.tasks), sorted(queues), set(queues) - set(queues.consume_from))

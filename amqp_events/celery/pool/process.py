@@ -77,8 +77,9 @@ class ProcessPool(SoloPool):  # type: ignore[misc]
     """The solo pool of one process of the consuming pool, whose time limits the main process enforces."""
 
     enforces_time_limits = True
-    #: What the process shares with the main process (set as it forks: one process, one pool).
+    #: What the process shares with the main process, and its slot there (set as it forks: one process, one pool).
     shared: Shared
+    slot: int
 
 
 def serve(app: Any, assignment: Assignment) -> None:
@@ -91,7 +92,7 @@ def serve(app: Any, assignment: Assignment) -> None:
     app.steps["worker"].difference_update(worker_steps)
     app.steps["consumer"].difference_update(consumer_steps)
     app.steps["consumer"].add(FollowMainProcess)
-    ProcessPool.shared = assignment.shared
+    ProcessPool.shared, ProcessPool.slot = assignment.shared, assignment.slot
     stopping = Stopping()
     app.add_middleware(ProcessLimits(app, assignment, stopping))  # before the worker reads the app's context
     stopping.worker = app.WorkController(
@@ -200,7 +201,7 @@ class ProcessLimits(Middleware):
 class FollowMainProcess(bootsteps.StartStopStep):  # type: ignore[misc]
     """Consumer step of a pool process: consume a queue only while the main process's breaker of its handler is
     not open and remote control did not cancel it (the state machines, the operator's holds and the remote
-    control are the main process's)."""
+    control are the main process's); say whether it consumes (the main process's readiness)."""
 
     label = "amqp-events main process followed"
     requires = ("celery.worker.consumer.tasks:Tasks",)
@@ -215,8 +216,10 @@ class FollowMainProcess(bootsteps.StartStopStep):  # type: ignore[misc]
         self.follow(c)
         if self.timer_entry is None:
             self.timer_entry = c.timer.call_repeatedly(TICK, self.follow, (c,))
+        c.pool.shared.consuming[c.pool.slot] = 1
 
     def stop(self, c: Any) -> None:
+        c.pool.shared.consuming[c.pool.slot] = 0  # until it is connected again
         if self.timer_entry is not None:
             self.timer_entry.cancel()
             self.timer_entry = None

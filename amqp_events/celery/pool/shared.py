@@ -2,6 +2,7 @@
 
 * Hard deadlines: each process writes the earliest deadline of its runs to its slot; the main process kills a
   process whose run is past it. Shared, not sent: a process stuck in a handler cannot send anything.
+* Which processes consume (connected, their consumer started): the main process's readiness probe.
 * The queues the operator stopped the worker consuming (``celery control cancel_consumer``, until
   ``add_consumer``): the main process answers remote control, each process follows.
 * Runs in progress: each process writes which runs it is in (handler, event id, retries, lost runs so far). The
@@ -17,7 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,11 +47,15 @@ class Shared:
     """The pool's shared memory: per process slot, a deadline and the runs in progress; the lost runs; the
     queues cancelled by remote control."""
 
-    def __init__(self, slots: int, handlers: Sequence[str], queues: Sequence[str] = ()) -> None:
+    def __init__(
+        self, slots: int, handlers: Sequence[str], queues: Sequence[str] = (), cancelled: Collection[str] = ()
+    ) -> None:
         slots = max(1, slots)
         self.handlers = tuple(handlers)
         self.queues = tuple(queues)
-        self.cancelled = multiprocessing.RawArray("b", max(1, len(self.queues)))
+        self.cancelled = multiprocessing.RawArray("b", [int(queue in cancelled) for queue in self.queues] or [0])
+        #: Is the slot's process consuming (connected, its consumer started)? The main process's readiness.
+        self.consuming = multiprocessing.RawArray("b", slots)
         self.deadline = multiprocessing.RawArray("d", slots)
         self.deadline_of = multiprocessing.RawArray("i", slots)
         #: Has the slot's process begun a run yet? (One that dies before failed at its start.)
@@ -73,6 +78,7 @@ class Shared:
     def process_ended(self, slot: int) -> None:
         """The process of ``slot`` died: its runs in progress are lost runs now."""
         self.deadline[slot] = 0.0
+        self.consuming[slot] = 0
         with self.lock:
             keys = [key for key in _entries(self.runs[slot], RUNS_PER_SLOT) if key]
             self.runs[slot][:] = bytes(len(self.runs[slot]))
