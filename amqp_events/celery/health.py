@@ -119,7 +119,8 @@ def readiness(c: Any) -> tuple[bool, str]:
     if consumes_in_processes(c.pool):  # the main process consumes nothing: its processes do
         consuming, processes = sum(c.pool.shared.consuming), c.pool.limit
         if consuming < processes:
-            return False, f"{consuming} of its {processes} processes consuming (the others starting or reconnecting)"
+            why = "others starting, replaced or reconnecting"
+            return False, f"{consuming} of its {processes} processes consuming ({why})"
         return True, f"connected; its {processes} processes consuming"
     task_consumer = c.task_consumer
     if task_consumer is None:

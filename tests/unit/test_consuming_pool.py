@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amqp_events.celery import events_app
-from amqp_events.celery.pool import chosen_by_default
+from amqp_events.celery.pool import ConsumingPool, chosen_by_default
 from amqp_events.celery.pool.shared import LOST_KEPT, RUNS_PER_SLOT, Shared, SlotRuns, run_key
 
 
@@ -127,3 +127,19 @@ def test_a_process_that_died_no_longer_counts_as_consuming():
     shared.consuming[0] = shared.consuming[1] = 1
     shared.process_ended(1)
     assert list(shared.consuming) == [1, 0]
+
+
+def test_the_pool_shares_every_queue_of_the_app_a_handler_imported_late_included():
+    app = events_app("shop", broker_url="memory://")
+
+    @app.handler("order.placed")
+    def on_placed() -> None: ...
+
+    app.amqp.queues  # noqa: B018 (the table made before the worker imports --include modules)
+
+    @app.handler("order.paid")
+    def on_paid() -> None: ...
+
+    shared = ConsumingPool(2, app=app).shared
+    assert {"shop:order.placed", "shop:order.paid"} <= set(shared.queues)
+    assert shared.cancelled_queues() == set()  # no -Q: every queue consumed

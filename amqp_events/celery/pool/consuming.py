@@ -212,4 +212,5 @@ def _shared_memory(app: Any, processes: int) -> Shared:
     if app is None:
         return Shared(processes, ())
     queues = app.amqp.queues
-    return Shared(processes, sorted(app.tasks), sorted(queues), set(queues) - set(queues.consume_from))
+    selected = set(queues.consume_from)  # first: it adds the queues of handlers imported since the table was made
+    return Shared(processes, sorted(app.tasks), sorted(queues), set(queues) - selected)
