@@ -88,7 +88,7 @@ class Shared:
                 self.lost_next.value = (at + 1) % LOST_KEPT
 
     def consume(self, queue: str, consuming: bool) -> bool:
-        """The worker consumes ``queue`` again, or no longer; ``False`` for a queue it was not started with."""
+        """The worker consumes ``queue`` again, or no longer; ``False`` for a queue that is not the app's."""
         if queue not in self.queues:
             return False
         self.cancelled[self.queues.index(queue)] = not consuming
