@@ -177,6 +177,20 @@ def queue_state(producer: EventsApp, queue: str) -> tuple[int, int]:
         return declared.message_count, declared.consumer_count
 
 
+def celery(broker_url: str, *command: str, app: str = "services.orders", timeout: float = 60) -> Any:
+    """``celery -A APP COMMAND...`` for the test's vhost, as an operator types it (a ``CompletedProcess``)."""
+    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
+    argv = [sys.executable, "-m", "celery", "-A", app, *command]
+    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=timeout)
+
+
+def control(broker_url: str, *command: str, app: str = "services.orders") -> str:
+    """``celery control COMMAND...``, which must succeed; what it said."""
+    done = celery(broker_url, "control", *command, app=app)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
 def skip_outside_ci(reason: str) -> NoReturn:
     """Skip, saying why, on a developer's machine; fail in CI, where every tier must run."""
     if os.environ.get("CI"):

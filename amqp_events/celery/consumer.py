@@ -39,7 +39,7 @@ from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.settling import Archiver, ChannelSettler
-from amqp_events.celery.steps import consumes_in_processes
+from amqp_events.celery.steps import breakers_of, consumes_in_processes
 from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
 from amqp_events.core.context import ServiceContext
@@ -235,7 +235,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         logger.warning("the main process of a consuming pool received a message: returned to its queue")
         message.reject(requeue=True)
 
-    # Remote control's ``cancel_consumer`` and ``add_consumer``: with a consuming pool, its processes follow.
+    # Remote control's ``cancel_consumer`` and ``add_consumer``: with a consuming pool, its processes follow; with
+    # the others, a queue whose breaker is open is consumed once the breaker lets it (steps.resume_consuming).
 
     def cancel_task_queue(self, queue: str) -> None:
         if not consumes_in_processes(self.pool):
@@ -243,12 +244,23 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         self._processes_consume(queue, False)
 
     def add_task_queue(self, queue: str, *args: Any, **options: Any) -> None:
-        if not consumes_in_processes(self.pool):
-            return super().add_task_queue(queue, *args, **options)  # type: ignore[no-any-return]
-        self._processes_consume(queue, True)
+        if consumes_in_processes(self.pool):
+            return self._processes_consume(queue, True)
+        queues, name = self.app.amqp.queues, self.queue_named(queue)
+        if name in queues:  # selected, as upstream 5.6+ does (5.5 only consumed it: a breaker would not resume it)
+            queues.select_add(queues[name])
+            breakers = breakers_of(self.app)
+            if breakers is not None and name in breakers.open_queues():
+                logger.info("queue %s is consumed once its handler's breaker lets it", name)
+                return None
+        return super().add_task_queue(queue, *args, **options)  # type: ignore[no-any-return]
+
+    def queue_named(self, queue: str) -> str:
+        """The queue remote control names: as upstream, by an alias or by its name."""
+        return getattr(self.app.amqp.queues.aliases.get(queue), "name", queue)
 
     def _processes_consume(self, queue: str, consuming: bool) -> None:
-        name = getattr(self.app.amqp.queues.aliases.get(queue), "name", queue)  # as upstream: an alias, or a name
+        name = self.queue_named(queue)
         if self.pool.shared.consume(name, consuming):
             logger.info("the pool's processes %s queue %s", "consume" if consuming else "stop consuming", name)
         else:  # the processes forked with the app's queues: another is consumed after a restart naming it (-Q)

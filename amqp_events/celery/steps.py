@@ -18,6 +18,7 @@ tests/broker/test_inbox.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -116,7 +117,7 @@ class BreakerControl(bootsteps.StartStopStep):  # type: ignore[misc]
         if consumes_in_processes(c.pool):  # its processes follow the breakers' states themselves
             breakers.start(pause=ignore, resume=ignore)
         else:
-            breakers.start(pause=lambda queue: stop_consuming(c, queue), resume=lambda queue: start_consuming(c, queue))
+            breakers.start(functools.partial(stop_consuming, c), functools.partial(resume_consuming, c))
         if self.timer_entry is None:
             self.timer_entry = c.timer.call_repeatedly(TICK, breakers.tick)
 
@@ -145,6 +146,14 @@ def stop_consuming(c: Any, queue: str) -> None:
     """Upstream: the consumer's ``task_consumer`` is a kombu ``Consumer`` over every consumed queue."""
     if c.task_consumer is not None:
         c.task_consumer.cancel_by_queue(queue)
+
+
+def resume_consuming(c: Any, queue: str) -> None:
+    """A breaker lets ``queue`` be consumed again: if the worker is to consume it at all. A queue ``-Q``/``-X``
+    left out, or that remote control's ``cancel_consumer`` removed, stays unconsumed. Upstream: the worker's
+    selection is ``app.amqp.queues.consume_from``, which ``cancel_consumer`` and ``add_consumer`` change."""
+    if queue in c.app.amqp.queues.consume_from:
+        start_consuming(c, queue)
 
 
 def start_consuming(c: Any, queue: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import queue_state
+from helpers import control, queue_state
 
 from amqp_events import EventsApp
 from amqp_events.testing import wait_for
@@ -178,3 +178,24 @@ def test_pausing_a_handler_that_shares_its_queue_holds_its_events_alone_and_lose
     assert sorted(run["id"] for run in records.all(service="accounts.audit")) == sorted(ids)
     assert {run["attempt"] for run in records.all()} == {1}  # a wait while paused is not an attempt
     assert producer.archive("accounts").count() == 0
+
+
+@pytest.mark.timeout(120)
+def test_remote_control_and_breakers_agree_a_cancelled_queue_stays_cancelled_and_an_open_breaker_holds_an_added_one(
+    worker, producer, records, flags, cli, broker_url
+):
+    start(worker, flags)
+    wait_for(lambda: queue_state(producer, NOTE)[1] == 1, 30, what="the worker consuming")
+    assert "no longer consuming" in control(broker_url, "cancel_consumer", NOTE, app="services.guarded")
+    assert queue_state(producer, NOTE)[1] == 0
+    # The breaker closing again does not undo what the operator cancelled ...
+    assert "open: 1 worker(s)" in cli("breakers", "open", "note", app="services.guarded").output
+    assert "close: 1 worker(s)" in cli("breakers", "close", "note", app="services.guarded").output
+    fire(producer, "guarded.note", range(3))
+    assert queue_state(producer, NOTE) == (3, 0)
+    # ... and an operator adding the queue back while its breaker is open does not override the breaker.
+    assert "open: 1 worker(s)" in cli("breakers", "open", "note", app="services.guarded").output
+    assert "add consumer" in control(broker_url, "add_consumer", NOTE, app="services.guarded")
+    assert queue_state(producer, NOTE) == (3, 0)
+    assert "close: 1 worker(s)" in cli("breakers", "close", "note", app="services.guarded").output
+    wait_for(lambda: len(records.all()) == 3, 30, what="the notes handled once the breaker closed")

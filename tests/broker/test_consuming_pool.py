@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from urllib.parse import quote
 
 import pytest
-from helpers import TESTS, queue_state, wait_archived
+from helpers import celery, control, queue_state, wait_archived
 
 from amqp_events import Reason
 from amqp_events.testing import wait_for
@@ -30,20 +28,6 @@ def consumers_of(rabbitmq, vhost: str, queue: str) -> list[dict]:
     consumer's ``channel_details`` is an empty list)."""
     found = rabbitmq.management.request("GET", f"/api/consumers/{quote(vhost, safe='')}")
     return [consumer for consumer in found if consumer["queue"]["name"] == queue and consumer["channel_details"]]
-
-
-def celery(broker_url: str, *command: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``celery -A services.orders COMMAND...`` for the test's vhost, as an operator types it."""
-    env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}
-    argv = [sys.executable, "-m", "celery", "-A", "services.orders", *command]
-    return subprocess.run(argv, env=env, cwd=TESTS, capture_output=True, text=True, timeout=timeout)
-
-
-def control(broker_url: str, *command: str) -> str:
-    """``celery control COMMAND...``, which must succeed; what it said."""
-    done = celery(broker_url, "control", *command)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def processes_of(process) -> list[int]:
@@ -155,11 +139,11 @@ def test_a_warm_shutdown_lets_each_process_finish_its_run_and_loses_nothing(work
 
 
 def test_remote_control_reaches_the_main_process_breakers_stop_the_processes_consuming_and_shutdown_stops_all(
-    worker, producer, records, rabbitmq, vhost, broker_url, cli
+    worker, producer, records, broker_url, cli
 ):
     process = typed(worker)
     processes_of(process)
-    consumers = lambda: len(consumers_of(rabbitmq, vhost, "orders:test.ping"))  # noqa: E731
+    consumers = lambda: queue_state(producer, "orders:test.ping")[1]  # noqa: E731
     wait_for(lambda: consumers() == 2, 30, what="two consumers")
     ping = celery(broker_url, "inspect", "ping", "--json")
     assert len(json.loads(ping.stdout)) == 1, ping.stdout  # one worker answers, not each process
@@ -181,8 +165,7 @@ def test_cancel_consumer_stops_every_process_consuming_the_queue_a_replaced_one_
 ):
     process = typed(worker)
     before = set(processes_of(process))
-    consumers = lambda: len(consumers_of(rabbitmq, vhost, "orders:test.ping"))  # noqa: E731
-    wait_for(lambda: consumers() == 2, 30, what="two consumers")
+    wait_for(lambda: queue_state(producer, "orders:test.ping")[1] == 2, 30, what="two consumers")
     assert "no longer consuming from orders:test.ping" in control(broker_url, "cancel_consumer", "orders:test.ping")
     wait_for(lambda: queue_state(producer, "orders:test.ping")[1] == 0, 30, what="neither process consuming it")
     held = [producer.fire("test.ping", [f"held{n}"], {}) for n in range(50)]  # a process consuming it takes some
