@@ -137,6 +137,15 @@ class WorkerBreakers:
             if task not in self.sharing and (self.shared[slot] == State.OPEN or self._backing_off(task, now))
         }
 
+    def held_queues(self) -> set[str]:
+        """The queues the main process stopped consuming and will start again itself (a pool that does not consume
+        in processes): those of open breakers, and those flow control backs off while their breaker is closed."""
+        return {
+            self.handlers[task].queue
+            for task, breaker in self.breakers.items()
+            if task not in self.sharing and (breaker.state == State.OPEN or task in self.backed_off)
+        }
+
     def paused_queues(self) -> set[str]:
         """The queues this worker does not consume now: those of handlers (with a queue of their own) whose
         breaker is not closed, or that flow control backs off."""

@@ -250,10 +250,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         if name in queues:  # selected, as upstream 5.6+ does (5.5 only consumed it: a breaker would not resume it)
             queues.select_add(queues[name])
             breakers = breakers_of(self.app)
-            if breakers is not None and name in breakers.open_queues():
+            if breakers is not None and name in breakers.held_queues():
                 logger.info("queue %s is consumed once its handler's breaker lets it", name)
                 return None
-        return super().add_task_queue(queue, *args, **options)  # type: ignore[no-any-return]
+        return super().add_task_queue(name, *args, **options)  # type: ignore[no-any-return]
 
     def queue_named(self, queue: str) -> str:
         """The queue remote control names: as upstream, by an alias or by its name."""

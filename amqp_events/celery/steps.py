@@ -152,7 +152,7 @@ def resume_consuming(c: Any, queue: str) -> None:
     """A breaker lets ``queue`` be consumed again: if the worker is to consume it at all. A queue ``-Q``/``-X``
     left out, or that remote control's ``cancel_consumer`` removed, stays unconsumed. Upstream: the worker's
     selection is ``app.amqp.queues.consume_from``, which ``cancel_consumer`` and ``add_consumer`` change."""
-    if queue in c.app.amqp.queues.consume_from:
+    if any(selected.name == queue for selected in c.app.amqp.queues.consume_from.values()):  # 5.5 keys -Q's aliases
         start_consuming(c, queue)
 
 

@@ -7,6 +7,12 @@ import logging
 import pytest
 
 from amqp_events.breakers.breaker import Breaker, BreakerPolicy, State
+from amqp_events.breakers.worker import WorkerBreakers
+from amqp_events.core.handler import Handler
+from amqp_events.testing import wait_for
+
+#: Trips on the first failure, half-open 50 ms later.
+FAST_TRIP = {"failures": 1, "open_for": 0.05, "open_max": 0.05}
 
 
 def test_three_failures_within_the_window_trip_it_and_successes_do_not():
@@ -99,3 +105,21 @@ def test_a_handler_s_breaker_options_are_checked_where_they_are_written(options,
         def paid(invoice_id: int): ...
 
     app.close()
+
+
+def test_the_queues_a_worker_holds_are_those_it_will_start_again_itself_not_a_half_open_one_backing_off():
+    note = Handler("guarded.note", "guarded.note", "guarded:guarded.note", print, options={"breaker": FAST_TRIP})
+    book = Handler("guarded.book", "guarded.book", "guarded:guarded.book", print)
+    breakers = WorkerBreakers("guarded", [note, book], None, {})
+    paused: list[str] = []
+    breakers.start(pause=paused.append, resume=lambda queue: paused.remove(queue))
+    breakers.report(note.task_name, failed=True)
+    breakers.tick()
+    assert breakers.held_queues() == {note.queue} == set(paused)  # open
+    wait_for(lambda: breakers.tick() or breakers.breakers[note.task_name].state == State.HALF_OPEN, 5)
+    assert paused == [] and breakers.held_queues() == set()  # consumed again, for its probe
+    breakers.back_off(note.task_name, 60)  # its probe was over a limit: flow control does not stop a probe
+    breakers.back_off(book.task_name, 60)  # a closed breaker's queue is left while flow control backs it off
+    breakers.tick()
+    assert breakers.held_queues() == {book.queue} == set(paused)
+    assert breakers.open_queues() == {note.queue, book.queue}  # what a consuming pool's processes stay off
