@@ -41,8 +41,8 @@ class Probes:
         self.reconnecting = True
 
     def live(self) -> tuple[bool, dict[str, Any]]:
-        since = time.monotonic() - self.turned
-        body = {"loop_turned_seconds_ago": round(since, 3), "stall": self.stall, "reconnecting": self.reconnecting}
+        since = round(time.monotonic() - self.turned, 3)  # judged as said: a stall says more than its limit
+        body = {"loop_turned_seconds_ago": since, "stall": self.stall, "reconnecting": self.reconnecting}
         return self.reconnecting or since <= self.stall, body
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
