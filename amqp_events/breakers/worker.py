@@ -127,34 +127,27 @@ class WorkerBreakers:
     def _backing_off(self, task: str, now: float) -> bool:
         return task not in self.sharing and self.backing_off[self.slots[task]] > now
 
+    def _own_queues(self, where: Callable[[str], bool]) -> set[str]:
+        """The queues of handlers with a queue of their own (a shared one is never stopped) for which ``where``."""
+        return {self.handlers[task].queue for task in self.handlers if task not in self.sharing and where(task)}
+
     def open_queues(self) -> set[str]:
         """The queues of handlers (with a queue of their own) whose breaker is open, as the main process last set
         it, or that flow control backs off: those a pool process that consumes stops consuming."""
         now = time.monotonic()
-        return {
-            self.handlers[task].queue
-            for task, slot in self.slots.items()
-            if task not in self.sharing and (self.shared[slot] == State.OPEN or self._backing_off(task, now))
-        }
+        shared, slots = self.shared, self.slots
+        return self._own_queues(lambda task: shared[slots[task]] == State.OPEN or self._backing_off(task, now))
 
     def held_queues(self) -> set[str]:
         """The queues the main process stopped consuming and will start again itself (a pool that does not consume
         in processes): those of open breakers, and those flow control backs off while their breaker is closed."""
-        return {
-            self.handlers[task].queue
-            for task, breaker in self.breakers.items()
-            if task not in self.sharing and (breaker.state == State.OPEN or task in self.backed_off)
-        }
+        return self._own_queues(lambda task: self.breakers[task].state == State.OPEN or task in self.backed_off)
 
     def paused_queues(self) -> set[str]:
         """The queues this worker does not consume now: those of handlers (with a queue of their own) whose
         breaker is not closed, or that flow control backs off."""
         now = time.monotonic()
-        return {
-            self.handlers[task].queue
-            for task, breaker in self.breakers.items()
-            if task not in self.sharing and (breaker.state != State.CLOSED or self._backing_off(task, now))
-        }
+        return self._own_queues(lambda task: self.breakers[task].state != State.CLOSED or self._backing_off(task, now))
 
     def states(self) -> dict[str, str]:
         """Each handler's breaker state, by handler name (for heartbeats)."""
