@@ -50,7 +50,7 @@ def run_batch(app: Any, task: Any, message: Any, settler: Settler, hostname: str
         logger.exception("could not settle replay batch %s of %s; it comes back", message.headers.get("id"), task.name)
         settler.reject()
         return
-    settler.ack()
+    settler.ack(replaced=True)  # its events' retries (and those sent alone) are copies of it
 
 
 def receive_hooks_pass_unchanged(context: ServiceContext, queue: str, event: BatchedEvent) -> bool:
@@ -73,7 +73,7 @@ def split(context: ServiceContext, queue: str, message: Any, settler: Settler) -
         logger.exception("could not split replay batch %s; it comes back", message.headers.get("id"))
         settler.reject()
         return
-    settler.ack()
+    settler.ack(replaced=True)
 
 
 def republish_each(context: ServiceContext, queue: str, events: list[BatchedEvent]) -> None:

@@ -11,6 +11,8 @@
   loop at once (:mod:`amqp_events.celery.loop`).
 * Acks of a fast run of messages on the task channel are sent together, with ``multiple``, before the event
   loop's next poll (:mod:`amqp_events.transport.acks`): one frame, and one settlement on the broker, for the run.
+  The ack of a message a copy replaced (retried, archived, counted as a lost run) goes out with what is held at
+  once, before the next message runs.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, tests/broker/test_worker_startup.py,
 tests/broker/test_bad_input.py).
@@ -226,7 +228,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
                 logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
                 return message.reject(requeue=True)
-            self.dispatcher.dispatch(message, queue, ChannelSettler(message, self.call_soon))
+            self.dispatcher.dispatch(message, queue, self.settler_of(message))
             return None
 
         return on_task_received
@@ -292,6 +294,15 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             return
         self.held_acks = HeldAcks(self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2)
 
+    def settler_of(self, message: Message) -> ChannelSettler:
+        """Settles a message of the task channel, from this consumer's thread; an ack whose message a copy
+        replaced sends the held acks with it."""
+        return ChannelSettler(message, self.call_soon, self.send_held_acks)
+
+    def send_held_acks(self) -> None:
+        if self.held_acks is not None:
+            self.held_acks.send()
+
     def stop_holding_acks(self) -> None:
         """Send what is held; from now on each ack goes out at once (the loop may not poll again)."""
         held, self.held_acks = self.held_acks, None
@@ -322,7 +333,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         self._archive(message, Archive(decoding_reason(exc), exc))
 
     def _archive(self, message: Message, archive: Archive) -> None:
-        self.archiver.take(message, ChannelSettler(message, self.call_soon), archive)
+        self.archiver.take(message, self.settler_of(message), archive)
 
 
 def warn_of_unverified_authors(context: ServiceContext) -> None:

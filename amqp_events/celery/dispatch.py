@@ -31,6 +31,7 @@ from amqp_events.celery.running import run_here
 from amqp_events.celery.settling import Archiver
 from amqp_events.core import router
 from amqp_events.core.delivery import Settler
+from amqp_events.core.outcome import Ack
 from amqp_events.core.router import Run, decoded_delivery
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.ordering.runner import OrderedRunner
@@ -119,7 +120,7 @@ class Dispatcher:
         """Run ``task``'s handler on ``message`` through the pipeline, then settle it."""
         delivery = decoded_delivery(message, task.handler.queue)
         try:
-            run_here(self.app, task, delivery, message.delivery_info, self.hostname)
+            outcome = run_here(self.app, task, delivery, message.delivery_info, self.hostname)
         except Reject as exc:  # the handler rejected its message itself
             settler.requeue() if exc.requeue else settler.reject()
             return
@@ -127,7 +128,7 @@ class Dispatcher:
             logger.exception("could not settle %s[%s]", task.name, message.headers.get("id"))
             settler.reject()
             return
-        settler.ack()
+        settler.ack(replaced=not isinstance(outcome, Ack))  # None: Celery's Retry (its copy sent) or Ignore
 
     def run_batch(self, task: Any, message: Any, settler: Settler) -> None:
         batches.run_batch(self.app, task, message, settler, self.hostname)

@@ -31,15 +31,20 @@ ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 class ChannelSettler:
     """Settles ``message`` (a kombu message) on its channel; an answer given in a thread other than the
-    consumer's is handed to ``post`` (the consumer's ``call_soon``), to be sent from it."""
+    consumer's is handed to ``post`` (the consumer's ``call_soon``), to be sent from it. ``send_held`` sends the
+    acks the channel holds (:mod:`amqp_events.transport.acks`), after the ack of a replaced message."""
 
-    __slots__ = ("message", "post", "thread")
+    __slots__ = ("message", "post", "send_held", "thread")
 
-    def __init__(self, message: Any, post: Callable[..., Any] | None = None) -> None:
-        self.message, self.post, self.thread = message, post, threading.get_ident()
+    def __init__(
+        self, message: Any, post: Callable[..., Any] | None = None, send_held: Callable[[], None] | None = None
+    ) -> None:
+        self.message, self.post, self.send_held, self.thread = message, post, send_held, threading.get_ident()
 
-    def ack(self) -> None:
+    def ack(self, replaced: bool = False) -> None:
         self._send(self.message.ack)
+        if replaced and self.send_held is not None:
+            self._send(self.send_held)
 
     def requeue(self) -> None:
         self._send(self.message.reject, True)
@@ -100,7 +105,7 @@ class Archiver:
             about = f"a message of service {context.name!r} ({why}id {(message.headers or {}).get('id')!r})"
             self._failed(message, settler, publish, attempt, exc, about)
             return
-        settler.ack()
+        settler.ack(replaced=True)
 
     def _failed(
         self,

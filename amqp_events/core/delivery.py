@@ -71,8 +71,12 @@ class Settler(Protocol):
     """How a worker ends a message it took, on the broker: AMQP's three answers. Each host sends them its own way
     (from the consumer's thread, through a channel in memory); a message is settled once."""
 
-    def ack(self) -> None:
-        """Done with it: the broker forgets it (any copy its outcome needed is confirmed already)."""
+    def ack(self, replaced: bool = False) -> None:
+        """Done with it: the broker forgets it (any copy its outcome needed is confirmed already).
+
+        ``replaced``: a copy took its place (a retry, the archive, its events split). Such an ack reaches the
+        broker before the next message runs: lost with a process that message kills, it would leave the message
+        and its copy both about (a lost run would go uncounted, again and again)."""
 
     def requeue(self) -> None:
         """Back to its queue as it is, for another delivery (its delivery count goes up)."""

@@ -41,7 +41,7 @@ def key_of(
         found = event_key(key if key is not None else handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
     except (BadArguments, ValueError) as exc:
         handling.dead_letter(context, replace(delivery, raw_body=stored.body), Reason.BAD_ARGUMENTS, exc)
-        settler.ack()
+        settler.ack(replaced=True)
         return None
     slotted = OutgoingMessage(
         ordered_exchange_name(context.name),
@@ -58,5 +58,5 @@ def key_of(
         logger.exception("could not send event %s on to its partition; it comes back", delivery.event_id)
         settler.reject()
         return None
-    settler.ack()
+    settler.ack(replaced=True)
     return None

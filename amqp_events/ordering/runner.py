@@ -179,7 +179,7 @@ class OrderedRunner:
             if action is None:
                 action = parking.admit(held.partition, held.key, delivery.event_id, delivery.headers)
                 if not takes_part(action, parking, held):
-                    return self.done(held)
+                    return self.done(held, replaced=action is Action.PARK)
                 held.action = action
             outcome = held.run(delivery)
             if isinstance(outcome, Rejected):  # the handler rejected its message itself: it gives up its place
@@ -195,11 +195,12 @@ class OrderedRunner:
             logger.exception("could not settle %s[%s]; running it again", held.handler.name, delivery.event_id)
             self.later(SETTLE_AGAIN_AFTER, held)
             return None
-        return self.done(held)
+        return self.done(held, replaced=archived)
 
-    def done(self, held: Pending) -> Pending | None:
-        """Ack ``held``; returns the next message of its key to run now, if any."""
-        held.settler.ack()
+    def done(self, held: Pending, replaced: bool = False) -> Pending | None:
+        """Ack ``held`` (``replaced``: by its parked or archived copy); returns the next message of its key to run
+        now, if any."""
+        held.settler.ack(replaced)
         return self.lanes[held.partition].finish(held.key) if self.current(held) else None
 
     def later(self, seconds: float, held: Pending) -> None:

@@ -8,7 +8,9 @@ worker is about to wait (its event loop's tick before each poll), once ``limit``
 is settled here (acked, rejected or requeued), so it never settles a message still running; the others are sent
 alone. Rejects and requeues go out at once, and so does an ack given in another thread than the consumer's, or
 after a slower handler. With the solo pool the held acks of a fast run may wait for the run of the message after
-them (a duplicate, should the worker die meanwhile, as with any ack not yet sent).
+them (a duplicate, should the worker die meanwhile, as with any ack not yet sent). The ack of a message whose copy
+was published in its place (a retry, the archive) must not wait so: its caller sends what is held at once
+(:meth:`HeldAcks.send`), or the message and its copy would both come back.
 
 Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
 "unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a

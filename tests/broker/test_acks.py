@@ -1,16 +1,20 @@
 """Acks held and sent together on a real channel (amqp_events.transport.acks): a run of settled deliveries is
-one frame, a delivery still running stays outstanding and comes back when its channel closes, and a channel the
-broker closed and py-amqp opened again starts its count afresh."""
+one frame, a delivery still running stays outstanding and comes back when its channel closes, a channel the
+broker closed and py-amqp opened again starts its count afresh, and the ack of a message a copy replaced is never
+held."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 from amqp.exceptions import NotFound
 from kombu import Connection, Consumer, Producer, Queue
 
+from amqp_events.celery.settling import ChannelSettler
+from amqp_events.testing import wait_for
 from amqp_events.transport import acks
 from amqp_events.transport.acks import HeldAcks
 
@@ -25,16 +29,22 @@ def unhurried(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(acks, "MAX_HOLD", 20.0)
 
 
-def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstanding(broker_url):
+def filled(connection: Connection, count: int) -> tuple[Queue, Any]:
+    """A new queue holding ``count`` messages (``{"n": 0}``, ...), and a channel to consume them all at once."""
     queue = Queue(f"acks-{uuid.uuid4().hex[:8]}", durable=False, auto_delete=False)
+    channel = connection.channel()
+    queue(channel).declare()
+    producer = Producer(connection.channel())
+    for n in range(count):
+        producer.publish({"n": n}, routing_key=queue.name, serializer="json")
+    channel.basic_qos(0, count, False)
+    return queue, channel
+
+
+def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstanding(broker_url):
     with Connection(broker_url) as connection:
-        channel = connection.channel()
-        queue(channel).declare()
-        producer = Producer(channel)
-        for n in range(COUNT):
-            producer.publish({"n": n}, routing_key=queue.name, serializer="json")
+        queue, channel = filled(connection, COUNT)
         received = []
-        channel.basic_qos(0, COUNT, False)
         held = HeldAcks(channel, lambda: COUNT)
         frames: list[tuple[int, bool]] = []
         send = held._ack
@@ -68,14 +78,8 @@ def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstandi
 
 
 def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_count(broker_url):
-    queue = Queue(f"acks-{uuid.uuid4().hex[:8]}", durable=False, auto_delete=False)
     with Connection(broker_url) as connection:
-        channel = connection.channel()
-        queue(channel).declare()
-        producer = Producer(connection.channel())
-        for n in range(10):
-            producer.publish({"n": n}, routing_key=queue.name, serializer="json")
-        channel.basic_qos(0, 10, False)
+        queue, channel = filled(connection, 10)
         held = HeldAcks(channel, lambda: 100)
         received: list = []
 
@@ -108,3 +112,31 @@ def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_co
             back = looking.default_channel
             assert back.queue_declare(queue.name, passive=True).message_count == 4
             back.queue_delete(queue.name)
+
+
+def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held(broker_url):
+    """A retry's or a lost run's copy is published, then its original acked. Held, that ack would die with a
+    process its copy kills next (the copy is the next delivery): the original would come back beside its copy,
+    and a lost run go uncounted. So it goes out at once, and takes the held acks with it."""
+    dying = Connection(broker_url)
+    try:
+        queue, channel = filled(dying, 4)
+        held = HeldAcks(channel, lambda: 100)
+        received: list = []
+        Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]).consume()
+        while len(received) < 4:
+            dying.drain_events(timeout=10)
+        ChannelSettler(received[0], send_held=held.send).ack()  # the first of a run: at once
+        ChannelSettler(received[1], send_held=held.send).ack()  # held
+        ChannelSettler(received[2], send_held=held.send).ack(replaced=True)
+        channel.queue_declare(queue.name, passive=True)  # a round trip: what was sent is taken (the fourth runs)
+        dying.connection.sock.close()  # the process dies running the fourth: nothing more is sent
+    finally:
+        dying.collect()
+    with Connection(broker_url) as looking:
+        back = looking.default_channel
+        ok = wait_for(lambda: (ok := back.queue_declare(queue.name, passive=True)).consumer_count == 0 and ok, 10)
+        assert ok.message_count == 1
+        message = back.basic_get(queue.name, no_ack=True)
+        assert message is not None and json.loads(message.body) == {"n": 3}  # only the one running came back
+        back.queue_delete(queue.name)
