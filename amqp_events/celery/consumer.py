@@ -11,8 +11,8 @@
   loop at once (:mod:`amqp_events.celery.loop`).
 * Acks of a fast run of messages on the task channel are sent together, with ``multiple``, before the event
   loop's next poll (:mod:`amqp_events.transport.acks`): one frame, and one settlement on the broker, for the run.
-  The ack of a message a copy replaced (retried, archived, counted as a lost run) goes out with what is held at
-  once, before the next message runs.
+  The ack of a message a copy replaced (retried, archived, counted as a lost run) goes out at once, with what is
+  held, before the next message runs; so does every ack of Celery's request path where handlers run in-process.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, tests/broker/test_worker_startup.py,
 tests/broker/test_bad_input.py).
@@ -40,7 +40,7 @@ from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
 from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.prefetch import size_prefetch
-from amqp_events.celery.settling import Archiver, ChannelSettler
+from amqp_events.celery.settling import Archiver, ChannelSettler, acked_unheld
 from amqp_events.celery.steps import breakers_of, consumes_in_processes
 from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
@@ -273,17 +273,21 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         if isinstance(pool, SoloPool):
             promise = acks_now(promise, deferred=(self.call_soon, getattr(self, "call_soon_ack", None)))
         threads = isinstance(pool, ThreadsPool)
+        in_process = isinstance(pool, SoloPool | ThreadsPool)  # a handler that kills its process kills this one
+        celery_path = super().create_task_handler(promise)  # Celery's request path, where it is needed
+        if in_process:  # whether a run's copy replaced its message is not known when Celery acks it
+            celery_path = acked_unheld(celery_path, self.never_hold)
         eventer = self.event_dispatcher
         return Dispatcher(
             self.app,
             self.archiver,
             lambda: runner_of(self.app, self),
             self.hostname,
-            celery_path=super().create_task_handler(promise),  # Celery's request path, where it is needed
+            celery_path=celery_path,
             executor=pool.apply_async if threads else inline,
             coroutines=self.coroutine_runner.submit if self.coroutine_runner is not None else None,
             revoked=self.controller.state.revoked,
-            bypass=isinstance(pool, SoloPool | ThreadsPool),
+            bypass=in_process,
             events=bool(eventer and eventer.enabled),
         )
 
@@ -295,13 +299,13 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         self.held_acks = HeldAcks(self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2)
 
     def settler_of(self, message: Message) -> ChannelSettler:
-        """Settles a message of the task channel, from this consumer's thread; an ack whose message a copy
-        replaced sends the held acks with it."""
-        return ChannelSettler(message, self.call_soon, self.send_held_acks)
+        """Settles a message of the task channel, from this consumer's thread; the ack of a message a copy
+        replaced is not held."""
+        return ChannelSettler(message, self.call_soon, self.never_hold)
 
-    def send_held_acks(self) -> None:
+    def never_hold(self, delivery_tag: int) -> None:
         if self.held_acks is not None:
-            self.held_acks.send()
+            self.held_acks.never_hold(delivery_tag)
 
     def stop_holding_acks(self) -> None:
         """Send what is held; from now on each ack goes out at once (the loop may not poll again)."""

@@ -31,20 +31,20 @@ ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 class ChannelSettler:
     """Settles ``message`` (a kombu message) on its channel; an answer given in a thread other than the
-    consumer's is handed to ``post`` (the consumer's ``call_soon``), to be sent from it. ``send_held`` sends the
-    acks the channel holds (:mod:`amqp_events.transport.acks`), after the ack of a replaced message."""
+    consumer's is handed to ``post`` (the consumer's ``call_soon``), to be sent from it. ``never_hold`` marks a
+    delivery whose ack the channel must not hold (:mod:`amqp_events.transport.acks`): a replaced message's."""
 
-    __slots__ = ("message", "post", "send_held", "thread")
+    __slots__ = ("message", "never_hold", "post", "thread")
 
     def __init__(
-        self, message: Any, post: Callable[..., Any] | None = None, send_held: Callable[[], None] | None = None
+        self, message: Any, post: Callable[..., Any] | None = None, never_hold: Callable[[int], None] | None = None
     ) -> None:
-        self.message, self.post, self.send_held, self.thread = message, post, send_held, threading.get_ident()
+        self.message, self.post, self.never_hold, self.thread = message, post, never_hold, threading.get_ident()
 
     def ack(self, replaced: bool = False) -> None:
+        if replaced and self.never_hold is not None:
+            self._send(self.never_hold, self.message.delivery_tag)
         self._send(self.message.ack)
-        if replaced and self.send_held is not None:
-            self._send(self.send_held)
 
     def requeue(self) -> None:
         self._send(self.message.reject, True)
@@ -57,6 +57,16 @@ class ChannelSettler:
             self.post(_logged, answer, *args)
         else:
             _logged(answer, *args)
+
+
+def acked_unheld(handle: Callable[[Any], Any], never_hold: Callable[[int], None]) -> Callable[[Any], Any]:
+    """``handle`` (Celery's request path), whose messages' acks are never held (``never_hold``)."""
+
+    def unheld(message: Any) -> Any:
+        never_hold(message.delivery_tag)
+        return handle(message)
+
+    return unheld
 
 
 def _logged(answer: Callable[..., Any], *args: Any) -> None:

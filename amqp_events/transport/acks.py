@@ -9,8 +9,8 @@ is settled here (acked, rejected or requeued), so it never settles a message sti
 alone. Rejects and requeues go out at once, and so does an ack given in another thread than the consumer's, or
 after a slower handler. With the solo pool the held acks of a fast run may wait for the run of the message after
 them (a duplicate, should the worker die meanwhile, as with any ack not yet sent). The ack of a message whose copy
-was published in its place (a retry, the archive) must not wait so: its caller sends what is held at once
-(:meth:`HeldAcks.send`), or the message and its copy would both come back.
+was published in its place (a retry, the archive) must not wait so, or the message and its copy would both come
+back: its delivery is marked (:meth:`HeldAcks.never_hold`), and its ack goes out as given, with what is held.
 
 Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
 "unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a
@@ -94,12 +94,14 @@ class HeldAcks:
         self.lock = threading.RLock()
         self.thread = threading.get_ident()
         self.holding = True
+        self.marked: set[int] = set()  # deliveries whose ack is never held
         self.last_ack = self.oldest_held = 0.0
         self._ack, self._reject, self._revive = channel.basic_ack, channel.basic_reject, channel._do_revive
         channel.basic_ack, channel.basic_reject, channel._do_revive = self.ack, self.reject, self._reopened
 
     def ack(self, delivery_tag: int, multiple: bool = False, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
+            marked = self._unmark(delivery_tag)
             if multiple or not (self.holding and self.window.tracking) or threading.get_ident() != self.thread:
                 self.window.settle(delivery_tag, multiple)
                 return self._ack(delivery_tag, multiple, *args, **kwargs)
@@ -108,14 +110,24 @@ class HeldAcks:
             if not self.window.held:
                 self.oldest_held = now
             self.window.hold(delivery_tag)
-            if not fast or len(self.window.held) >= max(1, self.limit()) or now - self.oldest_held > MAX_HOLD:
+            if marked or not fast or len(self.window.held) >= max(1, self.limit()) or now - self.oldest_held > MAX_HOLD:
                 self._send()
             return None
 
     def reject(self, delivery_tag: int, requeue: bool = True, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
             self.window.settle(delivery_tag)
+            self._unmark(delivery_tag)
             return self._reject(delivery_tag, requeue, *args, **kwargs)
+
+    def never_hold(self, delivery_tag: int) -> None:
+        """The ack of ``delivery_tag`` goes out as it is given, with what is held: a copy of its message took (or
+        may take) its place."""
+        with self.lock:
+            self.marked.add(delivery_tag)
+            if len(self.marked) > MAX_TRACKED:  # marked deliveries never settled here: hold nothing from now on
+                self.holding = False
+                self.marked.clear()
 
     def send_if_waiting(self) -> None:
         """Send the held acks unless more deliveries wait to be read (then a later tick sends them, within
@@ -147,6 +159,7 @@ class HeldAcks:
         with self.lock:
             self.window = AckWindow()
             self.holding = False
+            self.marked.clear()
         return self._revive()
 
     def _send(self) -> None:
@@ -155,6 +168,13 @@ class HeldAcks:
             self._ack(multiple, True)
         for tag in alone:
             self._ack(tag, False)
+
+    def _unmark(self, delivery_tag: int) -> bool:
+        """Was ``delivery_tag`` marked (it no longer is)?"""
+        if delivery_tag not in self.marked:
+            return False
+        self.marked.discard(delivery_tag)
+        return True
 
     def _more_to_read(self) -> bool:
         sock = getattr(self.channel.connection, "sock", None)

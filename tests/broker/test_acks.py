@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from amqp.exceptions import NotFound
 from kombu import Connection, Consumer, Producer, Queue
+from kombu.message import Message
 
-from amqp_events.celery.settling import ChannelSettler
+from amqp_events.celery.settling import ChannelSettler, acked_unheld
 from amqp_events.testing import wait_for
 from amqp_events.transport import acks
 from amqp_events.transport.acks import HeldAcks
@@ -39,6 +40,16 @@ def filled(connection: Connection, count: int) -> tuple[Queue, Any]:
         producer.publish({"n": n}, routing_key=queue.name, serializer="json")
     channel.basic_qos(0, count, False)
     return queue, channel
+
+
+def once_unconsumed(channel: Any, queue: Queue) -> Any:
+    """``queue``'s state (``queue.declare-ok``) once the closed channel's consumer is gone from it: RabbitMQ gives
+    back what that channel held as it takes the consumer off, which a close does not wait for on every line."""
+    return wait_for(
+        lambda: (ok := channel.queue_declare(queue.name, passive=True)).consumer_count == 0 and ok,
+        10,
+        what=f"{queue.name} without a consumer",
+    )
 
 
 def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstanding(broker_url):
@@ -70,7 +81,7 @@ def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstandi
             channel.close()  # the running one goes back to its queue
         with Connection(broker_url) as looking:
             back = looking.default_channel
-            assert back.queue_declare(queue.name, passive=True).message_count == 1
+            assert once_unconsumed(back, queue).message_count == 1
             message = back.basic_get(queue.name, no_ack=True)
             assert message is not None and json.loads(message.body) == {"n": 29}
             assert running.delivery_tag == 30
@@ -110,14 +121,24 @@ def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_co
         channel.close()  # the four still running go back
         with Connection(broker_url) as looking:
             back = looking.default_channel
-            assert back.queue_declare(queue.name, passive=True).message_count == 4
+            assert once_unconsumed(back, queue).message_count == 4
             back.queue_delete(queue.name)
 
 
-def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held(broker_url):
+def replaced_by_the_router(message: Message, held: HeldAcks) -> None:
+    ChannelSettler(message, never_hold=held.never_hold).ack(replaced=True)
+
+
+def acked_by_celery_s_path(message: Message, held: HeldAcks) -> None:
+    acked_unheld(lambda handed: handed.ack(), held.never_hold)(message)
+
+
+@pytest.mark.parametrize("ack", [replaced_by_the_router, acked_by_celery_s_path])
+def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held(broker_url, ack):
     """A retry's or a lost run's copy is published, then its original acked. Held, that ack would die with a
     process its copy kills next (the copy is the next delivery): the original would come back beside its copy,
-    and a lost run go uncounted. So it goes out at once, and takes the held acks with it."""
+    and a lost run go uncounted. So it goes out at once, with what is held; and so does every ack of Celery's
+    request path where handlers run in-process (whether a copy replaced its message is not known there)."""
     dying = Connection(broker_url)
     try:
         queue, channel = filled(dying, 4)
@@ -126,17 +147,16 @@ def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held
         Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]).consume()
         while len(received) < 4:
             dying.drain_events(timeout=10)
-        ChannelSettler(received[0], send_held=held.send).ack()  # the first of a run: at once
-        ChannelSettler(received[1], send_held=held.send).ack()  # held
-        ChannelSettler(received[2], send_held=held.send).ack(replaced=True)
+        ChannelSettler(received[0], never_hold=held.never_hold).ack()  # the first of a run: at once
+        ChannelSettler(received[1], never_hold=held.never_hold).ack()  # held
+        ack(received[2], held)
         channel.queue_declare(queue.name, passive=True)  # a round trip: what was sent is taken (the fourth runs)
         dying.connection.sock.close()  # the process dies running the fourth: nothing more is sent
     finally:
         dying.collect()
     with Connection(broker_url) as looking:
         back = looking.default_channel
-        ok = wait_for(lambda: (ok := back.queue_declare(queue.name, passive=True)).consumer_count == 0 and ok, 10)
-        assert ok.message_count == 1
+        assert once_unconsumed(back, queue).message_count == 1
         message = back.basic_get(queue.name, no_ack=True)
         assert message is not None and json.loads(message.body) == {"n": 3}  # only the one running came back
         back.queue_delete(queue.name)
