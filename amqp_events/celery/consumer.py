@@ -303,9 +303,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         replaced is not held."""
         return ChannelSettler(message, self.call_soon, self.never_hold)
 
-    def never_hold(self, delivery_tag: int) -> None:
-        if self.held_acks is not None:
-            self.held_acks.never_hold(delivery_tag)
+    def never_hold(self, message: Message) -> None:
+        held = self.held_acks
+        if held is not None and message.channel is held.channel:  # not a partition's, nor a closed channel's
+            held.never_hold(message.delivery_tag)
 
     def stop_holding_acks(self) -> None:
         """Send what is held; from now on each ack goes out at once (the loop may not poll again)."""

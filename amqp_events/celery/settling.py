@@ -32,19 +32,20 @@ ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 class ChannelSettler:
     """Settles ``message`` (a kombu message) on its channel; an answer given in a thread other than the
     consumer's is handed to ``post`` (the consumer's ``call_soon``), to be sent from it. ``never_hold`` marks a
-    delivery whose ack the channel must not hold (:mod:`amqp_events.transport.acks`): a replaced message's."""
+    message whose ack its channel must not hold (:mod:`amqp_events.transport.acks`): a replaced message's."""
 
     __slots__ = ("message", "never_hold", "post", "thread")
 
     def __init__(
-        self, message: Any, post: Callable[..., Any] | None = None, never_hold: Callable[[int], None] | None = None
+        self, message: Any, post: Callable[..., Any] | None = None, never_hold: Callable[[Any], None] | None = None
     ) -> None:
         self.message, self.post, self.never_hold, self.thread = message, post, never_hold, threading.get_ident()
 
     def ack(self, replaced: bool = False) -> None:
-        if replaced and self.never_hold is not None:
-            self._send(self.never_hold, self.message.delivery_tag)
-        self._send(self.message.ack)
+        if replaced and self.never_hold is not None:  # one callback: kombu's hub runs those posted in any order
+            self._send(_ack_unheld, self.message, self.never_hold)
+        else:
+            self._send(self.message.ack)
 
     def requeue(self) -> None:
         self._send(self.message.reject, True)
@@ -59,11 +60,16 @@ class ChannelSettler:
             _logged(answer, *args)
 
 
-def acked_unheld(handle: Callable[[Any], Any], never_hold: Callable[[int], None]) -> Callable[[Any], Any]:
+def _ack_unheld(message: Any, never_hold: Callable[[Any], None]) -> None:
+    never_hold(message)
+    message.ack()
+
+
+def acked_unheld(handle: Callable[[Any], Any], never_hold: Callable[[Any], None]) -> Callable[[Any], Any]:
     """``handle`` (Celery's request path), whose messages' acks are never held (``never_hold``)."""
 
     def unheld(message: Any) -> Any:
-        never_hold(message.delivery_tag)
+        never_hold(message)
         return handle(message)
 
     return unheld

@@ -126,6 +126,7 @@ class HeldAcks:
         with self.lock:
             self.marked.add(delivery_tag)
             if len(self.marked) > MAX_TRACKED:  # marked deliveries never settled here: hold nothing from now on
+                logger.warning("%d deliveries marked and not settled: acks are no longer held", len(self.marked))
                 self.holding = False
                 self.marked.clear()
 

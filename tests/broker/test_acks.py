@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -125,12 +126,16 @@ def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_co
             back.queue_delete(queue.name)
 
 
+def marker(held: HeldAcks) -> Callable[[Message], None]:
+    return lambda message: held.never_hold(message.delivery_tag)
+
+
 def replaced_by_the_router(message: Message, held: HeldAcks) -> None:
-    ChannelSettler(message, never_hold=held.never_hold).ack(replaced=True)
+    ChannelSettler(message, never_hold=marker(held)).ack(replaced=True)
 
 
 def acked_by_celery_s_path(message: Message, held: HeldAcks) -> None:
-    acked_unheld(lambda handed: handed.ack(), held.never_hold)(message)
+    acked_unheld(lambda handed: handed.ack(), marker(held))(message)
 
 
 @pytest.mark.parametrize("ack", [replaced_by_the_router, acked_by_celery_s_path])
@@ -147,8 +152,8 @@ def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held
         Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]).consume()
         while len(received) < 4:
             dying.drain_events(timeout=10)
-        ChannelSettler(received[0], never_hold=held.never_hold).ack()  # the first of a run: at once
-        ChannelSettler(received[1], never_hold=held.never_hold).ack()  # held
+        ChannelSettler(received[0], never_hold=marker(held)).ack()  # the first of a run: at once
+        ChannelSettler(received[1], never_hold=marker(held)).ack()  # held
         ack(received[2], held)
         channel.queue_declare(queue.name, passive=True)  # a round trip: what was sent is taken (the fourth runs)
         dying.connection.sock.close()  # the process dies running the fourth: nothing more is sent

@@ -1,0 +1,59 @@
+"""ChannelSettler: an answer given in another thread than the consumer's is posted to it as one callback. kombu's
+hub runs posted callbacks in no set order, so the ack of a replaced message can never overtake its mark (a held
+ack would die with a process the message's copy kills next)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from amqp_events.celery.settling import ChannelSettler
+
+
+class Message:
+    """A delivered message as kombu gives it, recording what is done with it."""
+
+    delivery_tag = 7
+
+    def __init__(self, done: list[tuple[str, int]]) -> None:
+        self.done = done
+
+    def ack(self) -> None:
+        self.done.append(("ack", self.delivery_tag))
+
+
+def posted_from_a_pool_thread(done: list[tuple[str, int]], replaced: bool) -> list[tuple[Any, ...]]:
+    """What ``ack(replaced=...)``, given in a pool's thread, posts to the consumer's thread."""
+    posted: list[tuple[Any, ...]] = []
+    settler = ChannelSettler(
+        Message(done),
+        post=lambda *call: posted.append(call),
+        never_hold=lambda message: done.append(("mark", message.delivery_tag)),
+    )
+    thread = threading.Thread(target=settler.ack, kwargs={"replaced": replaced})
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and not done  # nothing is done in the pool's thread
+    return posted
+
+
+def run(posted: list[tuple[Any, ...]], order: tuple[int, ...]) -> None:
+    for index in order:
+        call, *args = posted[index]
+        call(*args)
+
+
+def test_a_replaced_message_is_marked_before_its_ack_in_whatever_order_the_hub_runs_what_was_posted():
+    count = len(posted_from_a_pool_thread([], replaced=True))
+    for order in itertools.permutations(range(count)):
+        done: list[tuple[str, int]] = []
+        run(posted_from_a_pool_thread(done, replaced=True), order)
+        assert done == [("mark", 7), ("ack", 7)]
+
+
+def test_an_ack_of_a_run_that_published_nothing_is_not_marked():
+    done: list[tuple[str, int]] = []
+    posted = posted_from_a_pool_thread(done, replaced=False)
+    run(posted, tuple(range(len(posted))))
+    assert done == [("ack", 7)]
