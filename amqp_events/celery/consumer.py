@@ -12,7 +12,8 @@
 * Acks of a fast run of messages on the task channel are sent together, with ``multiple``, before the event
   loop's next poll (:mod:`amqp_events.transport.acks`): one frame, and one settlement on the broker, for the run.
   The ack of a message a copy replaced (retried, archived, counted as a lost run) goes out at once, with what is
-  held, before the next message runs; so does every ack of Celery's request path where handlers run in-process.
+  held, before the next message runs (on Celery's request path where handlers run in-process, that of a message
+  that may be counted as a lost run).
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 (tests/broker/test_celery_compat.py, tests/broker/test_worker_startup.py,
 tests/broker/test_bad_input.py).

@@ -20,7 +20,7 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Settler
 from amqp_events.core.router import Archive, Copies, Defer, archived_delivery
 from amqp_events.core.settle import describe, publish_routed
-from amqp_events.wire.message import OutgoingMessage
+from amqp_events.wire.message import LOST_RUNS, OutgoingMessage
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,14 @@ def _ack_unheld(message: Any, never_hold: Callable[[Any], None]) -> None:
 
 
 def acked_unheld(handle: Callable[[Any], Any], never_hold: Callable[[Any], None]) -> Callable[[Any], Any]:
-    """``handle`` (Celery's request path), whose messages' acks are never held (``never_hold``)."""
+    """``handle`` (Celery's request path): whether a run's copy replaced its message is not known when Celery acks
+    it, so the ack of a message that may be counted as a lost run (the broker gave it back, or it carries lost
+    runs: its copy, published at once, would be the next delivery) is never held (``never_hold``). Holding
+    every one would cost a frame and a settlement per message."""
 
     def unheld(message: Any) -> Any:
-        never_hold(message)
+        if (message.delivery_info or {}).get("redelivered") or LOST_RUNS in (message.headers or {}):
+            never_hold(message)
         return handle(message)
 
     return unheld

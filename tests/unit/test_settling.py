@@ -8,7 +8,10 @@ import itertools
 import threading
 from typing import Any
 
-from amqp_events.celery.settling import ChannelSettler
+import pytest
+
+from amqp_events.celery.settling import ChannelSettler, acked_unheld
+from amqp_events.wire.message import LOST_RUNS
 
 
 class Message:
@@ -57,3 +60,23 @@ def test_an_ack_of_a_run_that_published_nothing_is_not_marked():
     posted = posted_from_a_pool_thread(done, replaced=False)
     run(posted, tuple(range(len(posted))))
     assert done == [("ack", 7)]
+
+
+class Delivered:
+    """A message as kombu gives it to Celery's request path."""
+
+    def __init__(self, redelivered: bool, headers: dict[str, Any]) -> None:
+        self.delivery_info, self.headers = {"redelivered": redelivered}, headers
+
+
+@pytest.mark.parametrize(
+    ("redelivered", "headers", "marked"),
+    [(False, {}, False), (True, {}, True), (False, {LOST_RUNS: 1}, True), (False, {"retries": 2}, False)],
+)
+def test_celery_s_path_marks_only_a_message_that_may_be_counted_as_a_lost_run(redelivered, headers, marked):
+    """Its copy would be published at once, and be the next delivery: every other ack may be held."""
+    seen: list[Any] = []
+    handed: list[Any] = []
+    message = Delivered(redelivered, headers)
+    acked_unheld(handed.append, seen.append)(message)
+    assert handed == [message] and seen == ([message] if marked else [])
