@@ -26,6 +26,7 @@ VARIABLES: dict[str, str] = {
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": "the setting amqp_events_quorum_queue_warning (where `topology check` and "
     "the exporter warn)",
     "AMQP_EVENTS_QUEUE_LAYOUT": "the setting amqp_events_queue_layout (per_handler or per_service)",
+    "AMQP_EVENTS_DELAY_LADDER": "the setting amqp_events_delay_ladder (per_service or shared)",
     "AMQP_EVENTS_SERVICE_USERS": "the setting amqp_events_service_users: user=service, comma-separated",
     "AMQP_EVENTS_TRUSTED_USERS": "the setting amqp_events_trusted_users: users, comma-separated",
     "AMQP_EVENTS_EVENT_OWNERSHIP": "the setting amqp_events_event_ownership (1 or true: on)",

@@ -31,6 +31,11 @@ class PublishError(AmqpEventsError, RuntimeError):
         self.event_ids = tuple(event_ids)
 
 
+class PublishRefused(PublishError):
+    """The broker refused (nacked) the message each time it was published, until the publish timeout: a queue it
+    was routed to is over its bound (a delay ladder's level, say)."""
+
+
 class MessageRefused(PublishError):
     """The broker closed the channel over a message it would not take; ``permanent``: it never will as it is
     (larger than the broker's ``max_message_size``, say)."""

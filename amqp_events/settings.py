@@ -39,6 +39,8 @@ CELERY_DEFAULTS: dict[str, Any] = {
 #: Where a service's events wait: the setting, and its values.
 QUEUE_LAYOUT = "amqp_events_queue_layout"
 QUEUE_LAYOUTS = ("per_handler", "per_service")
+#: Where a service's own waits wait: the setting's values.
+DELAY_LADDERS = ("per_service", "shared")
 #: Environment variables read when an app is created (of :data:`amqp_events.environment.VARIABLES`): the
 #: setting each one fills, and its type.
 ENVIRONMENT: dict[str, tuple[str, str]] = {
@@ -52,6 +54,7 @@ ENVIRONMENT: dict[str, tuple[str, str]] = {
     "AMQP_EVENTS_SHARED_TOPOLOGY": ("amqp_events_shared_topology", "str"),
     "AMQP_EVENTS_QUORUM_QUEUE_WARNING": ("amqp_events_quorum_queue_warning", "int"),
     "AMQP_EVENTS_QUEUE_LAYOUT": (QUEUE_LAYOUT, "str"),
+    "AMQP_EVENTS_DELAY_LADDER": ("amqp_events_delay_ladder", "str"),
     "AMQP_EVENTS_SERVICE_USERS": ("amqp_events_service_users", "table"),
     "AMQP_EVENTS_TRUSTED_USERS": ("amqp_events_trusted_users", "list"),
     "AMQP_EVENTS_EVENT_OWNERSHIP": ("amqp_events_event_ownership", "bool"),
@@ -205,9 +208,16 @@ class Settings:
     #: Bytes of a message body (decompressed) a worker takes: a larger one is archived (``too_large``), its body
     #: cut to its first bytes with its size and SHA-256 recorded. RabbitMQ 4.0's own default bound.
     max_body_bytes: int = 16 * 1024 * 1024
-    #: Bytes each queue of the shared delay ladder and the unroutable queue hold at most: past it the broker
-    #: refuses a publish (the publisher gets a nack) instead of dropping what it holds.
+    #: Bytes each queue of a delay ladder and the unroutable queue hold at most: past it the broker refuses a
+    #: publish (the publisher gets a nack; a refused retry is archived, ``delay_refused``) instead of dropping
+    #: what it holds.
     shared_queue_max_bytes: int = 1024**3
+    #: Where the service's own waits (its retries, a lost run's or a paused handler's copies) wait:
+    #: ``"per_service"``, in a delay ladder of its own (``<service>.delay.NN``, 22 quorum queues), which no other
+    #: service can fill or slow; ``"shared"``, in the vhost's shared ladder (no queues of its own; another
+    #: service filling a level there makes the broker refuse these retries, archived as ``delay_refused``).
+    #: Events fired with a delay, and a received message's ``eta``, wait in the shared ladder either way.
+    delay_ladder: str = "per_service"
 
     @property
     def checks_shared_topology(self) -> bool:
@@ -250,6 +260,8 @@ class Settings:
         problems.extend(_table_problems("event_owners", self.event_owners))
         if self.paused_wait < 1:
             problems.append("paused_wait must be >= 1 (seconds)")
+        if self.delay_ladder not in DELAY_LADDERS:
+            problems.append(f"delay_ladder must be one of {', '.join(DELAY_LADDERS)}, not {self.delay_ladder!r}")
         if self.queue_layout not in QUEUE_LAYOUTS:
             problems.append(f"queue_layout must be one of {', '.join(QUEUE_LAYOUTS)}, not {self.queue_layout!r}")
         if self.log_format not in ("text", "json"):

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from amqp_events.wire.archived import ArchivedMessage
+from amqp_events.wire.archive_entries import ArchivedMessage
 
 #: What marks a masked particular: one mark for every kind (a user id may be a number in one message and a
 #: quoted name in the next).

@@ -27,11 +27,11 @@ from amqp_events.archive.grouping import group_of
 from amqp_events.core.context import Replay, ServiceContext
 from amqp_events.core.settle import publish_routed
 from amqp_events.topology import archive_queue_name
-from amqp_events.topology.names import to_queue
-from amqp_events.wire.archived import ArchivedMessage
-from amqp_events.wire.message import JSON, OutgoingMessage, copy_headers, json_body
+from amqp_events.topology.names import fired_event, to_queue
+from amqp_events.wire.archive_entries import ArchivedMessage
+from amqp_events.wire.message import FIRED_AS, FIRED_BY, FOR_HANDLER, JSON, OutgoingMessage, copy_headers, json_body
 from amqp_events.wire.parked import PARKS_KEY, RELEASE_PARKED
-from amqp_events.wire.trust import Identity, vouch
+from amqp_events.wire.trust import OWN_COPIES_ONLY
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ class Archive:
     def _send_back(self, archived: ArchivedMessage, new_id: bool, by: str) -> bool:
         """Publish ``archived``'s replay, through the ``before_replay``/``after_replay`` hooks; False when its
         queue no longer exists."""
-        message = replay_message(archived, self.context.identity, new_id=new_id, by=by)
+        message = replay_message(archived, new_id=new_id, by=by, events_exchange=self.context.settings.exchange)
         replay = Replay(self.context, message, archived.headers, by)
         middleware = self.context.middleware
         for before in middleware.before_replay:
@@ -206,7 +206,7 @@ class Archive:
         with self._browse() as messages:
             for archived, remove in _take(messages, selection):
                 if PARKS_KEY in archived.headers:  # the events parked behind it go on
-                    publish_routed(self.context, release_command(archived, self.context.identity))
+                    publish_routed(self.context, release_command(archived))
                 remove()
                 purged.append(archived.id)
         return purged
@@ -224,8 +224,7 @@ class Archive:
         for line in lines:
             if line.strip():
                 archived = ArchivedMessage.from_json(json.loads(line))
-                headers = dict(archived.headers)  # what it says as the archive's reader may believe it
-                vouch(self.context.identity, archived.user_id, headers)
+                headers = archived.recorded_headers()  # what its reading believed, and no more
                 publish_routed(
                     self.context,
                     OutgoingMessage(
@@ -245,7 +244,8 @@ class Archive:
         """Every archived message, oldest first (by ``archived_at``: a quorum queue given back the messages a
         browse took may not keep their order), each with the function that removes it."""
         with self.context.transport.browse(self.queue) as stored:
-            entries = [(ArchivedMessage.of(message), remove) for message, remove in stored]
+            identity = self.context.identity
+            entries = [(ArchivedMessage.of(message, identity), remove) for message, remove in stored]
             yield iter(sorted(entries, key=lambda entry: _archived_at(entry[0])))
 
 
@@ -255,18 +255,28 @@ def _archived_at(archived: ArchivedMessage) -> datetime:
 
 
 def replay_message(
-    archived: ArchivedMessage, identity: Identity | None = None, new_id: bool = False, by: str = ""
+    archived: ArchivedMessage, new_id: bool = False, by: str = "", events_exchange: str = ""
 ) -> OutgoingMessage:
     """What a replay publishes: the original body and envelope, retry count reset, straight to its queue.
 
-    ``identity``: the replaying service's, to keep only what it may believe of a copy it did not archive itself
-    (one the broker dead-lettered as it was: :mod:`amqp_events.wire.trust`). ``new_id``: under a new event id,
-    the old one in the ``replay_of`` header. ``by``: who replayed it (the ``replayed_by`` header; the last
-    replay's, on the copies of the copy too).
+    It goes by what the archive recorded as facts (:meth:`ArchivedMessage.of`): the queue, the handler chosen for
+    it, and its verified author, which the receiving worker judges as it judged the original. When no handler was
+    chosen, the event it was fired as (``events_exchange``: the events exchange's name) goes with it, for that
+    judgement. Of a message the broker dead-lettered into the archive as its sender wrote it, no header only the
+    service's own copies carry goes on. ``new_id``: under a new event id, the old one in the ``replay_of``
+    header. ``by``: who replayed it (the ``replayed_by`` header; the last replay's, on the copies of the copy too).
     """
     headers = dict(archived.headers)
-    if identity is not None:
-        vouch(identity, archived.user_id, headers)
+    if archived.dead_lettered:
+        for name in OWN_COPIES_ONLY:
+            headers.pop(name, None)
+    headers[FIRED_BY] = archived.fired_by
+    if archived.task:
+        headers.update({"task": archived.task, FOR_HANDLER: archived.task})
+    else:
+        fired_as = fired_event(archived.exchange, archived.routing_key, events_exchange) if events_exchange else None
+        if fired_as:
+            headers[FIRED_AS] = fired_as
     headers = copy_headers(headers, retries=0)
     if by:
         headers["replayed_by"] = by
@@ -276,15 +286,15 @@ def replay_message(
         *to_queue(archived.queue),
         headers=headers,
         body=archived.body,
-        message_id=headers["id"],
+        message_id=str(headers.get("id") or archived.id or uuid.uuid4()),  # one without an id is judged again
         content_type=archived.content_type or "application/octet-stream",
         content_encoding=archived.content_encoding or "binary",
     )
 
 
-def release_command(archived: ArchivedMessage, identity: Identity | None = None) -> OutgoingMessage:
+def release_command(archived: ArchivedMessage) -> OutgoingMessage:
     """What discarding the head of a parked sequence sends its partition: release the events behind it."""
-    message = replay_message(archived, identity)
+    message = replay_message(archived)
     return replace(message, headers={**message.headers, RELEASE_PARKED: archived.id})
 
 

@@ -286,7 +286,8 @@ class Breakers(Middleware):
         # Prefetched before the breaker opened (its queue is not consumed meanwhile), or taken from a queue
         # shared with handlers that go on: it waits on the broker, and comes back to see whether it may run.
         wait = self.breakers.paused_wait if task in self.breakers.sharing else 0
-        return requeue_later(attempt.delivery, attempt.context.now(), wait)
+        entry = attempt.context.handling(attempt.handler).delay_entry
+        return requeue_later(attempt.delivery, attempt.context.now(), wait, entry=entry)
 
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
         if attempt.kind != "run" or outcome is None or attempt.handler is None:

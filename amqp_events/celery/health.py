@@ -28,6 +28,31 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two turns the loop marks.
 TICK = 1.0
+#: Connections answered at once (one thread each; more are closed at once), and seconds one may stay idle.
+MAX_CONNECTIONS, IDLE_TIMEOUT = 16, 5.0
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """A threading HTTP server with at most :data:`MAX_CONNECTIONS` connections (so threads) at once: probes come
+    every few seconds, and idle connections without bound would each hold a thread."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)  # closed at once: the probes' own connections get a slot soon
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class Probes:
@@ -53,6 +78,8 @@ def serve(probes: Probes, host: str, port: int) -> ThreadingHTTPServer:
     """``/livez`` and ``/readyz`` of ``probes`` on ``host:port``, in a daemon thread."""
 
     class Answer(BaseHTTPRequestHandler):
+        timeout = IDLE_TIMEOUT  # a connection that sends nothing is closed
+
         def do_GET(self) -> None:  # http.server's name
             paths = {"/livez": probes.live, "/readyz": probes.readiness}
             probe = paths.get(self.path.split("?")[0])
@@ -67,8 +94,7 @@ def serve(probes: Probes, host: str, port: int) -> ThreadingHTTPServer:
         def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds: quiet
             pass
 
-    server = ThreadingHTTPServer((host, port), Answer)
-    server.daemon_threads = True
+    server = BoundedServer((host, port), Answer)
     threading.Thread(target=server.serve_forever, daemon=True, name="amqp-events-health").start()
     logger.info("serving health probes on http://%s:%d/livez and /readyz", host, server.server_address[1])
     return server

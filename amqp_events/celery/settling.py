@@ -102,11 +102,11 @@ class Archiver:
     def take(self, message: Any, settler: Settler, route: Archive | Copies | Defer, queue: str = "") -> None:
         """Publish what ``route`` needs for ``message`` (taken from ``queue``), then ack it."""
         if isinstance(route, Archive):
-            reason, error = route.reason, route.error
+            reason, error, handler = route.reason, route.error, route.handler
 
             def archive(context: ServiceContext) -> Any:
                 delivery = archived_delivery(message, context.name, queue)
-                return handling.dead_letter(context, delivery, reason, error)
+                return handling.dead_letter(context, delivery, reason, error, handler)
 
             self._settle(message, settler, archive, 0, f"{reason}, ")
         elif isinstance(route, Copies):

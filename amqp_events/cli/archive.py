@@ -259,8 +259,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 def fired_with(entry: ArchivedMessage) -> str:
     """The routing key the event was fired with: its name, also when it came through the delay ladder or
     straight to its queue (a retry, a replay), whose own routing keys are the library's."""
-    internal = entry.exchange.startswith(delays.level_name(0)[:-2]) or is_direct_exchange(entry.exchange)
-    if internal or entry.exchange in (delays.DELIVERY_EXCHANGE, ""):
+    internal = delays.is_ladder_level(entry.exchange) or is_direct_exchange(entry.exchange)
+    if internal or delays.is_delivery_exchange(entry.exchange) or not entry.exchange:
         return entry.event
     return entry.routing_key
 

@@ -188,8 +188,13 @@ def topology_permissions(context: Context, user: str | None, apply: bool, passwo
     if apply:
         name = user or app.service
         password = os.environ.get(password_env) if password_env else None
-        created = context.management.grant(context.vhost, name, grants, password)
-        click.echo(f"{'created' if created else 'updated'} user {name!r}: its permissions on vhost {context.vhost!r}")
+        done = context.management.grant(context.vhost, name, grants, password)
+        said = {
+            "created": f"created user {name!r}",
+            "password set": f"updated user {name!r}: its password set",
+            "kept": f"updated user {name!r} (its password unchanged: none given)",
+        }[done]
+        click.echo(f"{said}; its permissions on vhost {context.vhost!r} given")
         return
     click.echo(
         f"# service {app.service!r} on vhost {context.vhost!r}; the shared topology declared by an administrator "

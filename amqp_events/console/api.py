@@ -36,7 +36,7 @@ from amqp_events.console.index import Snapshot
 from amqp_events.console.urls import SegmentRoute
 from amqp_events.errors import BadArguments, SteeringError
 from amqp_events.limits.overrides import Override
-from amqp_events.wire.archived import ArchivedMessage
+from amqp_events.wire.archive_entries import ArchivedMessage
 from amqp_events.wire.message import Reason
 
 #: The most messages one listing returns.

@@ -27,7 +27,7 @@ from amqp_events.limits.operations import limits_set, set_row
 from amqp_events.limits.overrides import Override
 from amqp_events.topology.names import is_partition_queue
 from amqp_events.transport.management import ManagementAPI
-from amqp_events.wire.archived import ArchivedMessage
+from amqp_events.wire.archive_entries import ArchivedMessage
 
 if TYPE_CHECKING:
     from amqp_events.celery import EventsApp
@@ -53,7 +53,7 @@ class Fleet:
         #: Seconds between two readings of the vhost (the pages' figures are at most this old).
         self.refresh = refresh
         self.audit = audit or AuditTrail()
-        self.index = ArchiveIndex(app.context.transport)
+        self.index = ArchiveIndex(app.context.transport, identity=app.context.identity)
         self.watch = Watch(management, vhost, self.index, app.context, refresh)
         #: The latest heartbeat of each online worker, by (service, worker), beat by beat once :meth:`listen` runs.
         self.online = OnlineWorkers(app.context.identity, app.events_settings.heartbeat_interval)

@@ -23,7 +23,8 @@ from datetime import datetime, timezone
 from amqp_events.archive.grouping import Cause, Failure, Group, cause_of, grouped
 from amqp_events.topology import archive_queue_name
 from amqp_events.transport.base import Transport
-from amqp_events.wire.archived import ArchivedMessage
+from amqp_events.wire.archive_entries import ArchivedMessage
+from amqp_events.wire.trust import Identity
 
 #: Seconds after which an archive is read again even if its stamp did not change (another tool's purge and
 #: archive of one message each, with the broker's statistics off, leave the stamp as it was).
@@ -124,8 +125,8 @@ class Snapshot:
 class ArchiveIndex:
     """The snapshots of the archives read through ``transport``, each keeping at most ``keep`` entries."""
 
-    def __init__(self, transport: Transport, keep: int = 20_000) -> None:
-        self.transport, self.keep = transport, keep
+    def __init__(self, transport: Transport, keep: int = 20_000, identity: Identity | None = None) -> None:
+        self.transport, self.keep, self.identity = transport, keep, identity
         self._snapshots: dict[str, Snapshot] = {}
         self._reading = threading.Lock()  # one browse at a time: a refresh and an operator's change
 
@@ -159,7 +160,7 @@ class ArchiveIndex:
                 message_id = str(message.headers.get("id") or "")
                 entry = before.get(message_id) if message_id else None
                 if entry is None:
-                    archived = ArchivedMessage.of(message)
+                    archived = ArchivedMessage.of(message, self.identity)
                     entry = Entry.of(archived, causes)
                     tracebacks.setdefault(entry.cause.id, archived.traceback[:TRACEBACK])
                 entries.append(entry)

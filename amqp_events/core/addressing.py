@@ -20,9 +20,16 @@ from typing import Any
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.handler import Handler
 from amqp_events.topology import delays, event_queue_name
-from amqp_events.topology.moving import task_of_queue
-from amqp_events.topology.names import event_of, is_direct_exchange, to_queue
-from amqp_events.wire.message import FOR_HANDLER, OutgoingMessage, Reason, copy_headers, event_id, is_task_body
+from amqp_events.topology.names import event_of, fired_event, is_direct_exchange, task_of_queue, to_queue
+from amqp_events.wire.message import (
+    FIRED_AS,
+    FOR_HANDLER,
+    OutgoingMessage,
+    Reason,
+    copy_headers,
+    event_id,
+    is_task_body,
+)
 
 #: The keys of a body's embed with which Celery would start other tasks.
 WORKFLOW = ("callbacks", "errbacks", "chain", "chord")
@@ -52,6 +59,9 @@ def address(
         return Unroutable(Reason.UNDECODABLE, not_an_event())
     event = event_of(task)
     fired_as = fired_event(exchange, routing_key, context.settings.exchange)
+    if fired_as is None and own:  # a replay of a message archived before it reached a handler says how it came
+        claimed = headers.get(FIRED_AS)
+        fired_as = claimed if isinstance(claimed, str) and claimed else None
     if fired_as is not None and fired_as != event:
         why = f"its 'task' header says {event!r}, but it was fired as {fired_as!r}"
         return Unroutable(Reason.MALFORMED_HEADERS, ValueError(why))
@@ -79,20 +89,6 @@ def named_by_copy(
         return context.handlers.get(wanted)
     sent_to = sent_to_queue(exchange, routing_key)
     return context.handlers.get(task_of_queue(context.name, sent_to) or "") if sent_to else None
-
-
-def fired_event(exchange: str, routing_key: str, events_exchange: str) -> str | None:
-    """The event a message was routed as, when it was routed by its event (the events exchange, or the delay
-    ladder's ``event.`` destinations): what a topic permission let its sender publish."""
-    if exchange == events_exchange:
-        return routing_key
-    if exchange == delays.DELIVERY_EXCHANGE or exchange.startswith(f"{delays.PREFIX}.delay."):
-        try:
-            kind, _, name = delays.decode_routing_key(routing_key)[1].partition(".")
-        except ValueError:
-            return None
-        return name if kind == "event" else None
-    return None
 
 
 def runnable(body: Any) -> Unroutable | None:
@@ -136,9 +132,9 @@ def sent_to_queue(exchange: str, routing_key: str) -> str:
     """The queue a message was sent to alone, by its name (a retry, a replay), or ""."""
     if is_direct_exchange(exchange):
         return routing_key
-    if exchange != delays.DELIVERY_EXCHANGE and not exchange.startswith(f"{delays.PREFIX}.delay."):
+    if not (delays.is_delivery_exchange(exchange) or delays.is_ladder_level(exchange)):
         return ""
-    try:  # off the delay ladder (through its last level's exchange, or the delivery exchange)
+    try:  # off a delay ladder (through its last level's exchange, or the delivery exchange)
         kind, _, name = delays.decode_routing_key(routing_key)[1].partition(".")
     except ValueError:
         return ""
@@ -148,7 +144,7 @@ def sent_to_queue(exchange: str, routing_key: str) -> str:
 def origin_queue(service: str, exchange: str, routing_key: str) -> str:
     """The queue of ``service`` a message was consumed from, worked out from how it was routed."""
     try:
-        if exchange == delays.DELIVERY_EXCHANGE:
+        if delays.is_delivery_exchange(exchange):
             _, destination = delays.decode_routing_key(routing_key)
             kind, _, name = destination.partition(".")
             return name if kind == "queue" else event_queue_name(service, name)

@@ -31,8 +31,8 @@ from amqp_events.core.outcome import Handling, Outcome
 from amqp_events.core.policy import RetryPolicy
 from amqp_events.coroutines import complete, is_coroutine_handler
 from amqp_events.settings import Settings
-from amqp_events.topology import Topology, service_topology
-from amqp_events.topology.names import is_partition_queue
+from amqp_events.topology import Topology, delays, service_topology
+from amqp_events.topology.names import dead_letter_exchange_name, is_partition_queue
 from amqp_events.transport.base import Transport
 from amqp_events.wire.message import OutgoingMessage
 from amqp_events.wire.trust import Identity
@@ -266,6 +266,11 @@ class ServiceContext:
         return found or ()
 
     @cached_property
+    def dead_letter_exchange(self) -> str:
+        """Where its queues dead-letter: what comes back through it was dead-lettered by the broker."""
+        return dead_letter_exchange_name(self.name)
+
+    @cached_property
     def identity(self) -> Identity:
         """Who this service is on its broker: what the ``user_id`` of a message it takes means to it."""
         settings = self.settings
@@ -290,4 +295,6 @@ class ServiceContext:
             RetryPolicy.from_settings(self.settings, **options),
             self.settings.max_deliveries,
             self.settings.max_redeliveries,
+            handler.task_name if handler is not None else "",
+            delays.own_entry(self.name) if self.settings.delay_ladder == "per_service" else delays.ENTRY_EXCHANGE,
         )

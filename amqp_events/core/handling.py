@@ -230,10 +230,13 @@ def defer(context: ServiceContext, delivery: Delivery, delay: int) -> Outcome:
     return _conclude(Attempt(context, delivery, None, "refused"), deferred_until_eta(delivery, delay, context.now()))
 
 
-def dead_letter(context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException) -> Outcome:
-    """Archive ``delivery``, which no handler of this service can run, with ``reason``."""
-    attempt = Attempt(context, delivery, None, "refused")
-    return _conclude(attempt, decide(delivery, CannotRun(reason, error), context.handling(None), context.now()))
+def dead_letter(
+    context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException, handler: Handler | None = None
+) -> Outcome:
+    """Archive ``delivery``, which no handler of this service can run, with ``reason`` (``handler``: the one
+    chosen for it, which it must not run: the archive records it)."""
+    attempt = Attempt(context, delivery, handler, "refused")
+    return _conclude(attempt, decide(delivery, CannotRun(reason, error), context.handling(handler), context.now()))
 
 
 def _conclude(attempt: Attempt, outcome: Outcome) -> Outcome:

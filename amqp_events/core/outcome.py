@@ -152,6 +152,11 @@ class Handling:
     max_deliveries: int
     #: Returns to the queue without an outcome (whole workers dying) before it is archived as ``worker_lost``.
     max_redeliveries: int
+    #: The handler's task (its event, and its name beside others of the event): what its archived copies record
+    #: as the handler chosen for them ("" when none was).
+    task: str = ""
+    #: Where the service's own waits (retries, hand-backs) enter a delay ladder: its own, or the shared one.
+    delay_entry: str = delays.ENTRY_EXCHANGE
 
     @classmethod
     def from_settings(cls, settings: Settings, service: str, handler: str = "", **retry_options: Any) -> Handling:
@@ -233,7 +238,8 @@ def after_failure(
     if section is not None:
         headers[SECTION_RETRIES] = {**counts, section.name: used + 1}
         headers[FAILED_SECTION] = section.name
-    return Redeliver(republish(delivery, headers, decision.delay, now), decision.delay, failed.error)
+    copy = republish(delivery, headers, decision.delay, now, handling.delay_entry)
+    return Redeliver(copy, decision.delay, failed.error)
 
 
 def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
@@ -246,34 +252,43 @@ def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
     )
 
 
-def requeue_later(delivery: Delivery, now: datetime, wait: int = 0, error: Exception | None = None) -> Redeliver:
+def requeue_later(
+    delivery: Delivery, now: datetime, wait: int = 0, error: Exception | None = None, entry: str = delays.ENTRY_EXCHANGE
+) -> Redeliver:
     """A message taken while its handler's breaker was open (or while its process stops: ``error`` says) goes
-    back unrun (after ``wait`` seconds on the broker), its counters unchanged."""
+    back unrun (after ``wait`` seconds on the broker, in the ladder whose entry is ``entry``), its counters
+    unchanged."""
     headers = copy_headers(delivery.headers, delivery.retries)
     if LOST_RUNS in delivery.headers:  # a per-copy count, but this copy is the same delivery again
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
     error = error or BreakerOpen("the handler's circuit breaker is open")
-    return Redeliver(republish(delivery, headers, wait, now), wait, error, why="requeue_later")
+    return Redeliver(republish(delivery, headers, wait, now, entry), wait, error, why="requeue_later")
 
 
-def wait_over_limit(delivery: Delivery, now: datetime, wait: int, error: Exception) -> Redeliver:
+def wait_over_limit(
+    delivery: Delivery, now: datetime, wait: int, error: Exception, entry: str = delays.ENTRY_EXCHANGE
+) -> Redeliver:
     """An event over its handler's flow-control limit waits ``wait`` seconds on the broker, unrun, its counters
     unchanged: a wait is not an attempt."""
-    return replace(requeue_later(delivery, now, wait, error), why="over_limit")
+    return replace(requeue_later(delivery, now, wait, error, entry), why="over_limit")
 
 
 def deferred_until_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:
-    """A message that arrived before its ``eta`` waits on the broker's ladder, unrun, its counters unchanged
-    (its ``eta`` kept: one further than the ladder's longest wait is postponed again when it comes back)."""
+    """A message that arrived before its ``eta`` waits on the broker's shared ladder (its sender asked for the
+    wait), unrun, its counters unchanged (its ``eta`` kept: one further than the ladder's longest wait is
+    postponed again when it comes back)."""
     headers = copy_headers(delivery.headers, delivery.retries)
     error = Postponed(f"its eta is {delay}s away")
     return Redeliver(republish(delivery, headers, delay, now), delay, error, why="defer")
 
 
-def republish(delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime) -> OutgoingMessage:
-    """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first."""
+def republish(
+    delivery: Delivery, headers: dict[str, Any], delay: int, now: datetime, entry: str = delays.ENTRY_EXCHANGE
+) -> OutgoingMessage:
+    """A copy of ``delivery`` for its own queue alone, waiting ``delay`` seconds on the broker first (in the
+    ladder whose entry is ``entry``)."""
     direct = OutgoingMessage(*to_queue(delivery.queue), headers, delivery.task_body(), delivery.event_id)
-    return direct.after(delay, delays.queue_destination(delivery.queue), now)
+    return direct.after(delay, delays.queue_destination(delivery.queue), now, entry)
 
 
 def archive(
@@ -308,5 +323,5 @@ def archive(
         routing_key=delivery.routing_key or delivery.event,
         queue=delivery.queue,
     )
-    copy = archived_message(delivered, failure, handling.service, handling.handler)
+    copy = archived_message(delivered, failure, handling.service, handling.handler, handling.task)
     return SendToArchive(copy, reason, error, attempts)

@@ -45,7 +45,7 @@ from amqp_events.wire.message import (
     isoformat,
     parse_time,
 )
-from amqp_events.wire.trust import vouch
+from amqp_events.wire.trust import drop_unverified, vouch
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +68,12 @@ class Incoming(Protocol):
 
 @dataclass(frozen=True)
 class Archive:
-    """No handler of the service may run it: it is archived as it arrived, with ``reason``."""
+    """No handler of the service may run it: it is archived as it arrived, with ``reason`` (``handler``: the one
+    chosen for it by the queue and the event, when one was: the archive records it, and a replay goes to it)."""
 
     reason: Reason
     error: Exception
+    handler: Handler | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ def route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route:
         return _route(context, message, arrived_on)
     except Exception as exc:
         logger.exception("could not read a message in service %r; archiving it", context.name)
+        if isinstance(message.headers, dict):  # its archived copy says only what may be believed
+            vouch(context.identity, (message.properties or {}).get("user_id"), message.headers)
         return Archive(Reason.UNDECODABLE, exc)
 
 
@@ -115,7 +119,8 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
         return Archive(Reason.MALFORMED_HEADERS, ValueError("the headers are not a table"))
     headers = message.headers
     headers.pop(ARCHIVE_CUT, None)  # only an archived copy says what was cut, and only a worker writes it
-    if not (message.delivery_info or {}).get("redelivered"):  # the broker counts deliveries on redeliveries alone
+    info = message.delivery_info or {}
+    if not info.get("redelivered"):  # the broker counts deliveries on redeliveries alone
         headers.pop(X_DELIVERY_COUNT, None)
     hooks = bool(context.middleware.before_receive) and not batch.is_batch(headers)
     # Both, always: what either finds must go before a copy is made (a copy could carry neither).
@@ -124,6 +129,7 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
     if refused is None and hooks:
         refused = read_in_place(message, lambda received: handling.receive(context, received))
         refused = refused or malformed(message.headers)  # what the hooks made of it (a CloudEvent's id)
+    drop_unverified(message.headers, info.get("exchange") == context.dead_letter_exchange)
     own = vouch(context.identity, (message.properties or {}).get("user_id"), message.headers)
     if refused is not None:
         return refused
@@ -136,12 +142,12 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
         return Archive(limits.decoding_reason(exc), exc)
     headers = message.headers
     headers.pop("compression", None)  # the body is inflated now; a copy of it is not compressed
-    info = message.delivery_info or {}
     exchange, routing_key = info.get("exchange") or "", info.get("routing_key") or ""
     chosen = addressing.address(context, headers, arrived_on, exchange, routing_key, own)
     if isinstance(chosen, Unroutable):
         return Archive(chosen.reason, chosen.error)
-    refused = None if own else not_owned(context, headers)
+    # The service's own copies too (a retry, a replay): each is judged by the author it records, as it was.
+    refused = not_owned(context, headers, chosen if isinstance(chosen, Handler) else None)
     if refused is not None:
         return refused
     if isinstance(chosen, tuple):
@@ -150,7 +156,7 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
         return batch_of(chosen, headers, body)
     cannot = addressing.runnable(body)
     if cannot is not None:
-        return Archive(cannot.reason, cannot.error)
+        return Archive(cannot.reason, cannot.error, chosen)
     return timing(context, chosen, headers, info, body)
 
 
@@ -184,8 +190,8 @@ def too_large(message: Incoming, max_body: int) -> Archive | None:
     return Archive(Reason.TOO_LARGE, TooLarge(f"it came with {message.headers[ARCHIVE_CUT]}"))
 
 
-def not_owned(context: ServiceContext, headers: dict[str, Any]) -> Archive | None:
-    """With ownership on, why a sender's message is refused: its verified author does not own its event."""
+def not_owned(context: ServiceContext, headers: dict[str, Any], handler: Handler | None = None) -> Archive | None:
+    """With ownership on, why a message is refused: its verified author does not own its event."""
     settings = context.settings
     if not settings.event_ownership:
         return None
@@ -194,7 +200,9 @@ def not_owned(context: ServiceContext, headers: dict[str, Any]) -> Archive | Non
     if author == owner:
         return None
     fired = f"fired by {author!r}" if author else "fired by a user that stands for no service (nothing verified)"
-    return Archive(Reason.NOT_OWNER, NotOwner(f"event {event!r} belongs to {owner!r}, but this one was {fired}"))
+    return Archive(
+        Reason.NOT_OWNER, NotOwner(f"event {event!r} belongs to {owner!r}, but this one was {fired}"), handler
+    )
 
 
 def batch_of(handler: Handler, headers: Mapping[str, Any], body: Any) -> Route:
@@ -202,11 +210,10 @@ def batch_of(handler: Handler, headers: Mapping[str, Any], body: Any) -> Route:
     try:
         batch.events_of(event_of(str(headers.get("task"))), body)
     except Exception as exc:
-        return Archive(Reason.UNDECODABLE, exc)
+        return Archive(Reason.UNDECODABLE, exc, handler)
     if handler.ordered:  # a replay sends an ordered handler's events alone, to its partitions
-        return Archive(
-            Reason.UNDECODABLE, ValueError(f"a replay batch of {handler.task_name!r}, whose handler is ordered")
-        )
+        why = ValueError(f"a replay batch of {handler.task_name!r}, whose handler is ordered")
+        return Archive(Reason.UNDECODABLE, why, handler)
     return Run(handler, batch=True)
 
 
@@ -220,7 +227,7 @@ def timing(
     now = context.now()
     expires, eta = parse_time(headers.pop("expires", None)), parse_time(headers.get("eta"))
     if expires is not None and expires <= now:
-        return Archive(Reason.EXPIRED, Expired(f"it expired at {isoformat(expires)}"))
+        return Archive(Reason.EXPIRED, Expired(f"it expired at {isoformat(expires)}"), handler)
     if eta is None or eta <= now:
         headers.pop("eta", None)
         return Run(handler)

@@ -11,9 +11,9 @@ import logging
 from dataclasses import replace
 
 from amqp_events.core.context import Attempt, ServiceContext
-from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive
-from amqp_events.errors import TopologyMissing
-from amqp_events.wire.message import EVENT_KEY, OutgoingMessage
+from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, archive
+from amqp_events.errors import PublishRefused, TopologyMissing
+from amqp_events.wire.message import EVENT_KEY, OutgoingMessage, Reason
 from amqp_events.wire.parked import PARKS_KEY
 
 logger = logging.getLogger(__name__)
@@ -33,8 +33,23 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
         outcome = parking_head(attempt, outcome)
     if isinstance(outcome, Ack) or (isinstance(outcome, Redeliver) and is_ordered(attempt)):
         return outcome
-    publish_routed(attempt.context, outcome.copy)
+    try:
+        publish_routed(attempt.context, outcome.copy)
+    except PublishRefused as refused:
+        if not (isinstance(outcome, Redeliver) and outcome.copy.delayed):
+            raise
+        # A ladder level over its bound: sent round again, the message would loop for as long as it stays full.
+        outcome = wait_refused(attempt, outcome, refused)
+        logger.warning("event %s: the delay ladder refused its wait; archiving it", attempt.delivery.event_id)
+        publish_routed(attempt.context, outcome.copy)
     return outcome
+
+
+def wait_refused(attempt: Attempt, outcome: Redeliver, refused: PublishRefused) -> SendToArchive:
+    """``outcome``'s wait, refused by the broker: the message is archived instead (``delay_refused``)."""
+    delivery, context = attempt.delivery, attempt.context
+    attempts = delivery.retries + (1 if outcome.why == "retry" else 0)
+    return archive(delivery, Reason.DELAY_REFUSED, refused, attempts, context.handling(attempt.handler), context.now())
 
 
 def is_ordered(attempt: Attempt) -> bool:

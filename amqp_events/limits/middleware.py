@@ -152,7 +152,8 @@ def _wait(attempt: Attempt, why: str, seconds: float, keyed: bool) -> Outcome:
     wait = max(1, math.ceil(seconds))
     logger.debug("event %s waits %ss: its limit (%s) is reached", attempt.delivery.event_id, wait, why)
     error = OverLimit(f"over its limit ({why}): it waits on the broker, unrun", seconds, keyed)
-    return wait_over_limit(attempt.delivery, attempt.context.now(), wait, error)
+    entry = attempt.context.handling(attempt.handler).delay_entry
+    return wait_over_limit(attempt.delivery, attempt.context.now(), wait, error, entry)
 
 
 def _release(attempt: Attempt) -> None:

@@ -145,7 +145,7 @@ def _belongs_to(queue: str, service: str) -> bool:
     """Is ``queue`` one of the service's kind (an event queue, a partition) or of the shared delay ladder (not the
     history stream, which another service may keep, nor a listener's private queue)?"""
     return queue == service_queue_name(service) or queue.startswith(
-        (f"{service}:", f"{ordered_exchange_name(service)}.", delays.level_name(0)[:-2])
+        (f"{service}:", f"{ordered_exchange_name(service)}.", f"{service}.delay.", delays.level_name(0)[:-2])
     )
 
 

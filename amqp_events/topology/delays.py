@@ -24,6 +24,7 @@ retries, and a message waits exactly its delay: never in worker memory.
 from __future__ import annotations
 
 import math
+import re
 from datetime import datetime, timezone
 
 from amqp_events.errors import DelayTooLong
@@ -42,6 +43,36 @@ def level_name(level: int) -> str:
 
 #: Every delayed message is published to the highest level.
 ENTRY_EXCHANGE = level_name(LEVELS - 1)
+
+# A service's own ladder (``amqp_events_delay_ladder = "per_service"``): the same levels, named after the service
+# (so that only its user may write to them), and its own exchange after level 0, bound to its queues alone.
+_OWN_LEVEL = re.compile(r"^[A-Za-z0-9_-]+\.delay\.\d\d$")
+_OWN_DELIVERY = re.compile(r"^[A-Za-z0-9_-]+\.delayed$")
+
+
+def own_level_name(service: str, level: int) -> str:
+    """Name of both the exchange and the queue of level ``level`` of ``service``'s own ladder."""
+    return f"{service}.delay.{level:02d}"
+
+
+def own_entry(service: str) -> str:
+    """Where ``service`` publishes what waits in its own ladder."""
+    return own_level_name(service, LEVELS - 1)
+
+
+def own_delivery(service: str) -> str:
+    """The exchange after level 0 of ``service``'s own ladder: each of its queues by ``queue.<name>``."""
+    return f"{service}.delayed"
+
+
+def is_ladder_level(name: str) -> bool:
+    """Is ``name`` a level of a delay ladder, the shared one or a service's own (its exchange and its queue)?"""
+    return name.startswith(f"{PREFIX}.delay.") or bool(_OWN_LEVEL.match(name))
+
+
+def is_delivery_exchange(name: str) -> bool:
+    """Is ``name`` where a ladder's waits end (the shared delivery exchange, or a service's own)?"""
+    return name == DELIVERY_EXCHANGE or bool(_OWN_DELIVERY.match(name))
 
 
 def level_ttl_ms(level: int) -> int:

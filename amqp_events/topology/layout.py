@@ -196,9 +196,6 @@ def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[
     """The shared delay ladder, the delivery exchange and the unroutable catch-all."""
     unroutable_exchange = shared_exchange(delays.UNROUTABLE, "fanout", settings)
     delivery = delivery_exchange(settings)
-    levels = {level: shared_exchange(delays.level_name(level), "topic", settings) for level in range(delays.LEVELS)}
-    exchanges = [unroutable_exchange, delivery, *levels.values()]
-    bindings = []
     queues = [
         Queue(
             delays.UNROUTABLE,
@@ -213,12 +210,54 @@ def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[
             },
         )
     ]
-    for level, exchange in levels.items():
-        after = levels.get(level - 1, delivery)
+    levels = [shared_exchange(delays.level_name(level), "topic", settings) for level in range(delays.LEVELS)]
+    level_queues, bindings = ladder_levels(levels, delivery, settings)
+    return [unroutable_exchange, delivery, *levels], [*queues, *level_queues], bindings
+
+
+def own_delay_ladder(
+    service: str, consumed: list[Queue], archive: Queue, settings: Settings
+) -> tuple[list[Exchange], list[Queue], list[Binding]]:
+    """``service``'s own delay ladder (``amqp_events_delay_ladder = "per_service"``): its levels, then its own
+    delivery exchange, which reaches each of ``consumed`` by ``queue.<name>``; what it cannot route (a queue
+    removed meanwhile) goes to the archive."""
+    unroutable = Exchange(own_unroutable(service), "fanout", durable=True, auto_delete=False)
+    delivery = own_delivery_exchange(service)
+    levels = [
+        Exchange(delays.own_level_name(service, level), "topic", durable=True, auto_delete=False)
+        for level in range(delays.LEVELS)
+    ]
+    queues, bindings = ladder_levels(levels, delivery, settings)
+    bindings.append(Binding(unroutable, archive, ""))
+    bindings.extend(
+        Binding(delivery, queue, delays.destination_pattern(delays.queue_destination(queue.name))) for queue in consumed
+    )
+    return [unroutable, delivery, *levels], queues, bindings
+
+
+def own_unroutable(service: str) -> str:
+    return f"{service}.unroutable"
+
+
+def own_delivery_exchange(service: str) -> Exchange:
+    """Where ``service``'s own ladder hands its waits over to its queues (a queue gone: to its archive)."""
+    return Exchange(
+        delays.own_delivery(service), "topic", durable=True, auto_delete=False,
+        arguments={"alternate-exchange": own_unroutable(service)},
+    )  # fmt: skip
+
+
+def ladder_levels(levels: list[Exchange], delivery: Exchange, settings: Settings) -> tuple[list[Queue], list[Binding]]:
+    """The queues of a ladder's ``levels`` (exchanges, lowest first) and how they hand a message down: a level's
+    exchange sends it into the level's queue when its bit is 1 and on to the next level's exchange when 0; the
+    queue dead-letters it, once its wait is over, to the next level's exchange; after level 0 comes ``delivery``."""
+    queues, bindings = [], []
+    for level, exchange in enumerate(levels):
+        after = levels[level - 1] if level else delivery
         bindings.append(Binding(exchange, after, delays.bit_pattern(level, "0")))
         queues.append(
             Queue(
-                delays.level_name(level),
+                exchange.name,
                 exchange=exchange,
                 routing_key=delays.bit_pattern(level, "1"),
                 durable=True,
@@ -232,7 +271,7 @@ def delay_ladder(settings: Settings) -> tuple[list[Exchange], list[Queue], list[
                 },
             )
         )
-    return exchanges, queues, bindings
+    return queues, bindings
 
 
 def event_queue(service: str, task: str, settings: Settings) -> tuple[Queue, list[Binding]]:

@@ -19,8 +19,8 @@ from kombu import Exchange, Queue
 
 from amqp_events.settings import QUEUE_LAYOUTS, Settings
 from amqp_events.topology import delays
-from amqp_events.topology.layout import Binding, Topology, delivery_exchange
-from amqp_events.topology.names import direct_exchange_name
+from amqp_events.topology.layout import Binding, Topology, delivery_exchange, own_delivery_exchange
+from amqp_events.topology.names import direct_exchange_name, task_of_queue
 from amqp_events.topology.service import service_topology
 
 
@@ -67,12 +67,6 @@ class Move:
         return [target for target in self.targets.values() if target.event == event]
 
 
-def task_of_queue(service: str, queue: str) -> str | None:
-    """The handler task whose own queue (``per_handler``) ``queue`` is, if it is one: ``orders:x.y`` -> ``x.y``."""
-    prefix = f"{service}:"
-    return queue[len(prefix) :] if queue.startswith(prefix) else None
-
-
 def other_layout(layout: str) -> str:
     return next(other for other in QUEUE_LAYOUTS if other != layout)
 
@@ -108,4 +102,7 @@ def _by_name(service: str, queue: str, taker: Queue, settings: Settings) -> tupl
     to ``taker``."""
     direct = Exchange(direct_exchange_name(service), "direct", durable=True, auto_delete=False)
     on_ladder = delays.destination_pattern(delays.queue_destination(queue))
-    return (Binding(direct, taker, queue), Binding(delivery_exchange(settings), taker, on_ladder))
+    redirects = [Binding(direct, taker, queue), Binding(delivery_exchange(settings), taker, on_ladder)]
+    if settings.delay_ladder == "per_service":  # and what waits for it in the service's own ladder
+        redirects.append(Binding(own_delivery_exchange(service), taker, on_ladder))
+    return tuple(redirects)

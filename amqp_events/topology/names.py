@@ -48,6 +48,13 @@ def dead_letter_exchange_name(service: str) -> str:
     return f"{check_service_name(service)}.dead-letter"
 
 
+def dead_lettering_service(exchange: str) -> str | None:
+    """The service whose dead-letter exchange ``exchange`` is, if it is one's: a message routed by it was put
+    where it is by the broker's dead-lettering, as its sender wrote it."""
+    service, dot, rest = exchange.partition(".")
+    return service if dot and rest == "dead-letter" and _SERVICE.match(service) else None
+
+
 def is_direct_exchange(name: str) -> bool:
     """Is ``name`` a service's direct exchange (which workers declare, never producers)?"""
     service, dot, rest = name.partition(".")
@@ -67,6 +74,12 @@ def owner_of(queue: str) -> str | None:
     if service == queue or not _SERVICE.match(service) or service in _RESERVED:
         return None
     return service
+
+
+def task_of_queue(service: str, queue: str) -> str | None:
+    """The handler task whose own queue (``per_handler``) ``queue`` is, if it is one: ``orders:x.y`` -> ``x.y``."""
+    prefix = f"{service}:"
+    return queue[len(prefix) :] if queue.startswith(prefix) else None
 
 
 def to_queue(queue: str) -> tuple[str, str]:
@@ -226,3 +239,17 @@ HISTORY_STREAM = f"{delays.PREFIX}.history"
 def history_cursor_queue_name(service: str) -> str:
     """Where ``history replay`` keeps how far a replay into ``service`` got (the last word only)."""
     return f"{check_service_name(service)}.history.cursor"
+
+
+def fired_event(exchange: str, routing_key: str, events_exchange: str) -> str | None:
+    """The event a message was routed as, when it was routed by its event (the events exchange, or the delay
+    ladder's ``event.`` destinations): what a topic permission let its sender publish."""
+    if exchange == events_exchange:
+        return routing_key
+    if exchange == delays.DELIVERY_EXCHANGE or exchange.startswith(f"{delays.PREFIX}.delay."):
+        try:
+            kind, _, name = delays.decode_routing_key(routing_key)[1].partition(".")
+        except ValueError:
+            return None
+        return name if kind == "event" else None
+    return None

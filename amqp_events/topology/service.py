@@ -17,6 +17,7 @@ from amqp_events.topology.layout import (
     event_queue,
     events_exchange,
     heartbeats_exchange,
+    own_delay_ladder,
     service_queue,
 )
 from amqp_events.topology.names import check_service_name, direct_exchange_name, event_of, owner_of
@@ -57,9 +58,14 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
     bindings.extend(Binding(direct, queue, queue.name) for queue in queues if owner_of(queue.name) == service)
     dead_letter, expired = dead_letter_routes(service, event_queues, archive)
     bindings.extend(expired)
+    own: list[Exchange] = []
+    if event_queues and settings.delay_ladder == "per_service":  # declared after the queues its exit reaches
+        own, own_queues, own_bindings = own_delay_ladder(service, event_queues, archive, settings)
+        queues.extend(own_queues)
+        bindings.extend(own_bindings)
     return Topology(
         service=check_service_name(service),
-        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(settings), direct, dead_letter),
+        exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(settings), direct, dead_letter, *own),
         queues=tuple(queues),
         bindings=tuple(bindings),
         event_queues=tuple(event_queues),

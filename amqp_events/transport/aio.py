@@ -79,7 +79,7 @@ class AioPublisher:
                 refused = isinstance(exc, DeliveryError)
                 what = "the broker refused it (nack)" if refused else f"broker unavailable ({exc!r})"
                 # The next attempt opens a channel again if the broker closed this one.
-                await asyncio.sleep(attempts.failed(what, exc))
+                await asyncio.sleep(attempts.failed(what, exc, refused=refused))
 
     async def publish_once(self, message: OutgoingMessage, timeout: float) -> bool:
         """One attempt, its confirm awaited ``timeout`` seconds at most: :class:`TopologyMissing` for a missing

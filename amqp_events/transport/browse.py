@@ -113,6 +113,8 @@ def _take_all(connection: Any, taken: deque[Any], waiting: int, removed: list[in
             properties.get("content_type"),
             properties.get("content_encoding"),
             properties.get("user_id"),
+            fetched.delivery_info.get("exchange") or "",
+            fetched.delivery_info.get("routing_key") or "",
         )
         yield stored, functools.partial(_remove, fetched.channel, fetched.delivery_tag, removed)
 

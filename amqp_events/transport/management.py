@@ -73,16 +73,20 @@ class ManagementAPI:
             {"configure": ".*", "write": ".*", "read": ".*"},
         )
 
-    def grant(self, vhost: str, user: str, grants: Grants, password: str | None = None) -> bool:
+    def grant(self, vhost: str, user: str, grants: Grants, password: str | None = None) -> str:
         """Give ``user`` exactly ``grants`` on ``vhost`` (its permissions, then each topic permission, replacing
-        what it had there), creating the user first (no tags) when it does not exist, with ``password``.
-        Returns whether it created the user."""
-        created = False
-        if not any(found.get("name") == user for found in self.request("GET", "/api/users")):
-            if not password:
-                raise ManagementError(f"user {user!r} does not exist: give its password to create it")
-            self.request("PUT", f"/api/users/{_quote(user)}", {"password": password, "tags": ""})
-            created = True
+        what it had there), creating the user first (no tags) when it does not exist, with ``password``; an
+        existing user's password is set to ``password`` when one is given (its tags kept). Returns what became
+        of the user: ``created``, ``password set`` or ``kept``."""
+        found = next((each for each in self.request("GET", "/api/users") if each.get("name") == user), None)
+        if found is None and not password:
+            raise ManagementError(f"user {user!r} does not exist: give its password to create it")
+        done = "kept"
+        if password:
+            tags = found.get("tags", "") if found is not None else ""
+            tags = ",".join(tags) if isinstance(tags, list) else str(tags)  # a list on 3.10, a list or text later
+            self.request("PUT", f"/api/users/{_quote(user)}", {"password": password, "tags": tags})
+            done = "created" if found is None else "password set"
         where = f"{_quote(vhost)}/{_quote(user)}"
         permissions = {"configure": grants.configure, "write": grants.write, "read": grants.read}
         self.request("PUT", f"/api/permissions/{where}", permissions)
@@ -90,7 +94,7 @@ class ManagementAPI:
             self.request("DELETE", f"/api/topic-permissions/{where}")
         for exchange, write, read in grants.topics:
             self.request("PUT", f"/api/topic-permissions/{where}", {"exchange": exchange, "write": write, "read": read})
-        return created
+        return done
 
     def delete_vhost(self, vhost: str) -> None:
         self.request("DELETE", f"/api/vhosts/{_quote(vhost)}")

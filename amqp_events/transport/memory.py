@@ -68,7 +68,13 @@ class Envelope:
 
     def stored(self) -> StoredMessage:
         return StoredMessage(
-            self.headers, self.body, self.content_type, self.content_encoding, self.properties.get("user_id")
+            self.headers,
+            self.body,
+            self.content_type,
+            self.content_encoding,
+            self.properties.get("user_id"),
+            self.exchange,
+            self.routing_key,
         )
 
 

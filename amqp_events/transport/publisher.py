@@ -21,7 +21,7 @@ from kombu import Connection, Exchange, Producer
 from kombu.exceptions import OperationalError
 from kombu.serialization import dumps
 
-from amqp_events.errors import PublishError
+from amqp_events.errors import PublishError, PublishRefused
 from amqp_events.topology.names import is_direct_exchange, is_ordered_exchange
 from amqp_events.wire.message import JSON, OutgoingMessage, json_text
 
@@ -101,13 +101,13 @@ class Attempts:
         """Seconds left before the deadline (0.1 at least: an attempt's own waits need some)."""
         return max(0.1, self.deadline - self.clock())
 
-    def failed(self, what: str, error: BaseException, where: str = "") -> float:
-        """The attempt failed for ``what`` (``error``): the pause before the next; :class:`PublishError` when there
-        is no time for it."""
+    def failed(self, what: str, error: BaseException, where: str = "", refused: bool = False) -> float:
+        """The attempt failed for ``what`` (``error``; ``refused``: the broker nacked it): the pause before the
+        next; :class:`PublishError` when there is no time for it (:class:`PublishRefused` after a nack)."""
         message, pause = self.message, self.pause
         if self.clock() + pause >= self.deadline:
             target = message.exchange or "the default exchange"
-            raise PublishError(
+            raise (PublishRefused if refused else PublishError)(
                 f"could not publish {message.event!r} to {target!r}{where} within {self.timeout:g}s: {what}",
                 [message.message_id],
             ) from error
@@ -189,7 +189,7 @@ class Publisher:
             ) as exc:
                 refused = isinstance(exc, MessageNacked)
                 what = "the broker refused it (nack)" if refused else f"broker unavailable ({exc!r})"
-                time.sleep(attempts.failed(what, exc, f" on {connection.as_uri()}"))
+                time.sleep(attempts.failed(what, exc, f" on {connection.as_uri()}", refused))
                 if refused:  # see ConfirmedBatchPublisher._reopen_channel: a fresh channel, on the same connection
                     stale = producer.channel
                     producer.revive(connection.channel())

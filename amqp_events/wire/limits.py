@@ -64,14 +64,6 @@ def _counts(value: Any) -> bool:
     )
 
 
-def _seconds(value: Any) -> bool:
-    return value is None or (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT)
-
-
-def _time_limits(value: Any) -> bool:
-    return value is None or (isinstance(value, list | tuple) and len(value) == 2 and all(map(_seconds, value)))
-
-
 def _iso_time(value: Any) -> bool:
     if value is None:
         return True
@@ -98,10 +90,6 @@ def _deaths(value: Any) -> bool:
     )
 
 
-def _strings(value: Any) -> bool:
-    return value is None or (isinstance(value, list | tuple) and all(isinstance(item, str) for item in value))
-
-
 #: The headers Celery or the library reads, and what each must be when present.
 EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "task": (_short_string, "an event name: a string of 1 to 255 bytes"),
@@ -116,22 +104,12 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "replay_batch": (_count, "a count"),
     "root_id": (_optional(str), "a string"),
     "parent_id": (_optional(str), "a string"),
-    "group": (_optional(str), "a string"),
     "origin": (_optional(str), "a string"),
     "lang": (_optional(str), "a string"),
-    "shadow": (_optional(str), "a string"),
-    "argsrepr": (_optional(str), "a string"),
-    "kwargsrepr": (_optional(str), "a string"),
     "eta": (_iso_time, "an ISO-8601 time"),
     "expires": (_iso_time, "an ISO-8601 time"),
     # "" is a history replay's gate (amqp_events.history.gates).
     "event_key": (lambda v: v is None or v == "" or _short_string(v), "a string of up to 255 bytes"),
-    "timelimit": (_time_limits, f"[hard, soft] seconds (0 to {MAX_COUNT})"),
-    "stamped_headers": (_strings, "a list of strings"),
-    "stamps": (_optional(dict), "a table"),
-    "ignore_result": (lambda v: v is None or isinstance(v, bool), "true or false"),
-    "group_index": (_count, "a count"),
-    "replaced_task_nesting": (_count, "a count"),
     "x-death": (_deaths, "RabbitMQ's dead-lettering history (a list of tables)"),
     "x-delivery-count": (_count, "a count"),
 }

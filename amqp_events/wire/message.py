@@ -46,6 +46,10 @@ FAILED_SECTION = "failed_section"
 #: The task name of the one handler a copy is for (a fired event's copy per handler in a service queue shared by
 #: several handlers of its event, and every copy made of it: retries, archived copies, replays).
 FOR_HANDLER = "for_handler"
+#: The event a copy's message was fired as, as the broker routed it when it first came in (a replay of an
+#: archived message that never reached a handler carries it: the router judges the copy by it, as it judged the
+#: original).
+FIRED_AS = "fired_as"
 EVENT_KEY = EVENT_KEY_HEADER
 EVENT_SLOT = EVENT_SLOT_HEADER
 #: A key is a short string, an AMQP header value.
@@ -56,6 +60,12 @@ ENVELOPE = ("task", "id", "root_id", "parent_id", "group", "origin", "lang", "re
 #: Headers RabbitMQ adds on dead-lettering and redelivery.
 X_DEATH = "x-death"
 X_DELIVERY_COUNT = "x-delivery-count"
+#: Every header RabbitMQ writes when it dead-letters a message: a sender may have written them all beforehand
+#: (RabbitMQ 3.10 keeps a sender's ``x-first-death-*`` when the message already carries an ``x-death``).
+DEATH_HEADERS = (
+    X_DEATH,
+    *(f"x-{at}-death-{what}" for at in ("first", "last") for what in ("queue", "reason", "exchange")),
+)
 
 EMPTY_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 JSON = "application/json"
@@ -87,6 +97,10 @@ class StoredMessage:
     content_encoding: str | None
     #: The RabbitMQ user that published it, as the broker verified it (``None``: it did not say).
     user_id: str | None = None
+    #: How the broker routed it into its queue: the exchange it was published (or dead-lettered) to, and with
+    #: which routing key (what a browse of the queue reads off each delivery; "" when not known).
+    exchange: str = ""
+    routing_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +126,12 @@ class OutgoingMessage:
 
     @property
     def delayed(self) -> bool:
-        """Does it wait on the delay ladder first?"""
-        return self.exchange == delays.ENTRY_EXCHANGE
+        """Does it wait on a delay ladder first?"""
+        return delays.is_ladder_level(self.exchange)
 
-    def after(self, delay: int, destination: str, now: datetime) -> OutgoingMessage:
-        """This message, waiting ``delay`` whole seconds on the ladder before it reaches ``destination``.
+    def after(self, delay: int, destination: str, now: datetime, entry: str = delays.ENTRY_EXCHANGE) -> OutgoingMessage:
+        """This message, waiting ``delay`` whole seconds on the ladder whose entry is ``entry`` (the shared one, or
+        a service's own) before it reaches ``destination``.
 
         The one place a delayed copy is addressed: a delayed fire, a retry.
         """
@@ -124,7 +139,7 @@ class OutgoingMessage:
             return self
         return replace(
             self,
-            exchange=delays.ENTRY_EXCHANGE,
+            exchange=entry,
             routing_key=delays.routing_key(delay, destination),
             headers={**self.headers, DUE_AT: isoformat(now + timedelta(seconds=delay))},
         )
@@ -281,14 +296,11 @@ def queue_wait(headers: Mapping[str, Any], now: datetime) -> float | None:
 
 
 def was_rejected(headers: Mapping[str, Any], queue: str) -> bool:
-    """Did ``queue`` dead-letter this message as rejected (it came back to be counted)?"""
+    """Did ``queue`` dead-letter this message as rejected (it came back to be counted)? The broker puts its
+    latest death first (the router keeps ``x-death`` only on what came back through the dead-letter exchange)."""
     deaths = headers.get(X_DEATH)
-    if not isinstance(deaths, list):
-        return False
-    return any(
-        isinstance(death, Mapping) and death.get("queue") == queue and death.get("reason") == "rejected"
-        for death in deaths
-    )
+    latest = deaths[0] if isinstance(deaths, list) and deaths else None
+    return isinstance(latest, Mapping) and latest.get("queue") == queue and latest.get("reason") == "rejected"
 
 
 def delivery_count(headers: Mapping[str, Any]) -> int:
@@ -304,6 +316,9 @@ def delivery_count(headers: Mapping[str, Any]) -> int:
 ARCHIVE_REASON = "archive_reason"
 ARCHIVE_SERVICE = "archive_service"
 ARCHIVE_HANDLER = "archive_handler"
+#: The handler task the worker chose for it by the queue and the event ("" when it chose none): what a replay
+#: routes by.
+ARCHIVE_TASK = "archive_task"
 ARCHIVE_QUEUE = "archive_queue"
 ARCHIVE_EXCHANGE = "archive_exchange"
 ARCHIVE_ROUTING_KEY = "archive_routing_key"
@@ -326,6 +341,7 @@ ARCHIVE_HEADERS = (
     ARCHIVE_REASON,
     ARCHIVE_SERVICE,
     ARCHIVE_HANDLER,
+    ARCHIVE_TASK,
     ARCHIVE_QUEUE,
     ARCHIVE_EXCHANGE,
     ARCHIVE_ROUTING_KEY,
@@ -373,6 +389,12 @@ class Reason(str, Enum):
     #: Its ``expires`` header had passed when it arrived (Celery's expiry, honoured by archiving it unrun), or its
     #: AMQP ``expiration`` passed while it waited in its queue (the broker dead-lettered it to the archive).
     EXPIRED = "expired"
+    #: The broker dead-lettered it into the archive for another reason than its expiration (RabbitMQ 3.10 routes
+    #: by the ``x-first-death-*`` headers, which a sender can write beforehand): RabbitMQ's word is in the message.
+    DEAD_LETTERED = "dead_lettered"
+    #: The broker refused the copy that was to wait on the delay ladder (a level over its byte bound): the message
+    #: is archived rather than sent round again.
+    DELAY_REFUSED = "delay_refused"
 
     def __str__(self) -> str:
         return self.value

@@ -26,9 +26,11 @@ from typing import Any
 
 from amqp_events.wire.batch import REPLAY_BATCH
 from amqp_events.wire.message import (
+    DEATH_HEADERS,
     DUE_AT,
     EVENT_KEY,
     FAILED_SECTION,
+    FIRED_AS,
     FIRED_BY,
     FIRST_FAILURE_AT,
     FOR_HANDLER,
@@ -42,6 +44,7 @@ from amqp_events.wire.parked import HISTORY_REPLAY, PARKING_HEADERS
 #: ordered handlers' partitions. A sender's message loses them.
 OWN_COPIES_ONLY = (
     FOR_HANDLER,
+    FIRED_AS,
     LOST_RUNS,
     SECTION_RETRIES,
     FAILED_SECTION,
@@ -54,6 +57,34 @@ OWN_COPIES_ONLY = (
     "replay_of",
     *PARKING_HEADERS,
 )
+
+
+#: Headers of Celery's protocol that steer how a worker runs a task (its time limits, the name it logs, what its
+#: events and logs show of the arguments, revocation by stamp, a group's result): the receiver decides these
+#: itself, so they are removed from every message where it enters (the library never writes them).
+RECEIVER_DECIDES = (
+    "timelimit",
+    "shadow",
+    "argsrepr",
+    "kwargsrepr",
+    "ignore_result",
+    "stamped_headers",
+    "stamps",
+    "replaced_task_nesting",
+    "group",
+    "group_index",
+)
+
+
+def drop_unverified(headers: dict[str, Any], dead_lettered: bool) -> None:
+    """Remove from ``headers``, where a message enters, what its sender may not say: :data:`RECEIVER_DECIDES`,
+    and RabbitMQ's dead-lettering history unless the message came back by the broker's dead-lettering
+    (``dead_lettered``: through the service's dead-letter exchange, which no one else may publish to)."""
+    for name in RECEIVER_DECIDES:
+        headers.pop(name, None)
+    if not dead_lettered:
+        for name in DEATH_HEADERS:
+            headers.pop(name, None)
 
 
 @dataclass(frozen=True)

@@ -385,3 +385,45 @@ def test_a_retired_service_s_queues_and_exchanges_are_gone_and_what_is_shared_st
     # TopologyMissing), and they are as they were: shipping's copy of the event fired waits (no worker reads it).
     assert producer.transport.count("shipping:test.ping") == 1
     assert producer.transport.count("amqp_events.delay.00") == 0
+
+
+def test_permissions_apply_creates_the_user_then_sets_a_new_password_or_says_it_kept_it(cli_process, rabbitmq, vhost):
+    if rabbitmq.node is None:
+        pytest.skip("deleting users needs the harness's own node (rabbitmqctl)")
+    user = f"orders-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+
+    def apply(password: str | None) -> str:
+        env = {"ORDERS_PASSWORD": password} if password else {}
+        argv = [
+            "topology",
+            "permissions",
+            "--user",
+            user,
+            "--apply",
+            *(["--password-env", "ORDERS_PASSWORD"] * bool(env)),
+        ]
+        done = cli_process(*argv, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def logs_in(password: str) -> bool:
+        try:
+            with Connection(rabbitmq.vhost_url(vhost).replace("guest:guest", f"{user}:{password}")) as connection:
+                connection.connect()
+        except Exception:
+            return False
+        return True
+
+    try:
+        assert apply("first") == f"created user {user!r}; its permissions on vhost {vhost!r} given"
+        assert logs_in("first")
+        assert apply("second") == f"updated user {user!r}: its password set; its permissions on vhost {vhost!r} given"
+        assert logs_in("second") and not logs_in("first")
+        kept = apply(None)
+        assert (
+            kept
+            == f"updated user {user!r} (its password unchanged: none given); its permissions on vhost {vhost!r} given"
+        )
+        assert logs_in("second")
+    finally:
+        rabbitmq.node.rabbitmqctl("delete_user", user)

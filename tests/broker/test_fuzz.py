@@ -1,14 +1,18 @@
 """Property-based fuzzing of what a worker takes (Hypothesis over whole message spaces, a real broker and worker).
 
-Each example is one AMQP message put straight into ``orders:test.ping``: headers of every AMQP type and depth
-(Celery's, the library's, RabbitMQ's and anything else; counts negative and past what AMQP carries; names that are
-not UTF-8; far too large), bodies (events with every shape of Celery's embed, other JSON, random bytes, compressed
-or claiming to be, larger than the worker takes), content types and encodings, and a ``user_id`` as any party could
-set it. For each, against a real worker of each pool:
+Each example is one AMQP message that another service (``shipping``, under its own user with the grants `topology
+permissions` prints, ownership on) fires as ``test.ping``, its own event, which ``orders`` handles under its own
+user: headers of every AMQP type and depth (Celery's, the library's, RabbitMQ's, the archive's and anything else;
+counts negative and past what AMQP carries; names that are not UTF-8; far too large), bodies (events with every
+shape of Celery's embed, other JSON, random bytes, compressed or claiming to be, larger than the worker takes),
+content types and encodings, an AMQP expiration, and a ``user_id`` as any party could set it. For each, against a
+real worker of each pool (the default one too):
 
 * the message ends handled or archived within a bound (retries included), never dropped: the test counts both;
 * the worker is still serving after it;
-* at the end every case is accounted for by its own marker, and no queue holds a dead-lettered message.
+* at the end every case is accounted for by its own marker, and no queue holds a dead-lettered message;
+* then orders' operator replays the whole archive, and once every replay has ended again, no run of any kind ran
+  a handler other than ``test.ping``'s (the event the broker routed), nor as another author than ``shipping``.
 
 ``FUZZ_EXAMPLES`` sets the examples per pool (CI runs the default; ``FUZZ_EXAMPLES=2000`` is a long run).
 """
@@ -20,22 +24,24 @@ import json
 import lzma
 import os
 import sys
-import time
 import zlib
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from helpers import Records
+from helpers import TESTS, Records
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 from kombu import Connection
+from trust_helpers import users_of
 
 from amqp_events.testing import wait_for
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 QUEUE = "orders:test.ping"
+#: The sender owns ``test.ping``; orders owns its other events.
+OWNERS = "test.ping=shipping,test.#=orders,billing.#=shipping,users.#=orders"
 #: Each case carries its number here, to be found afterwards among the archived and the handled.
 MARKER = "fuzz_case"
 #: Seconds a case may take to end (an early eta waits up to 3 s, a retry 1 s, archiving is confirmed first).
@@ -133,6 +139,13 @@ KNOWN = {
     "hold_live": values,
     "replay_of": values,
     "archive_cut": values,
+    "fired_as": st.one_of(st.just("test.orders_only"), values),
+    # What the archive and RabbitMQ's dead-lettering write: naming orders' other handler, its queue, a reason.
+    "archive_task": st.one_of(st.just("test.orders_only"), values),
+    "archive_queue": st.one_of(st.just("orders:test.orders_only"), values),
+    "archive_reason": st.one_of(st.just("max_retries"), values),
+    "x-first-death-queue": st.one_of(st.sampled_from(["orders:test.orders_only", QUEUE]), values),
+    "x-first-death-reason": st.one_of(st.sampled_from(["expired", "rejected"]), values),
 }
 OTHERS = {
     "compression": st.sampled_from(["application/x-gzip", "application/x-bz2", "application/x-lzma", "zstd"]),
@@ -192,9 +205,10 @@ bodies = st.one_of(
     st.binary(max_size=200).map(lambda raw: ("bytes", raw)),
     oversized,
 )
-#: The ``user_id`` property as each party could set it: none, the sender's own (``guest``), or another's, which
-#: the broker refuses.
-user_ids = st.one_of(st.none(), st.just("guest"), st.sampled_from(["orders", "billing"]))
+#: The ``user_id`` property as each party could set it: none, the sender's own, or another's (the broker refuses).
+user_ids = st.sampled_from(["none", "own", "own", "orders", "guest"])
+#: The AMQP expiration: mostly none; one that may pass before the worker takes it (the broker archives it).
+expirations = st.sampled_from([None, None, None, None, "0", "5"])
 content_types = st.one_of(
     st.just("application/json"),
     st.sampled_from(["application/json; charset=utf-8", "application/x-python-serialize", "application/x-yaml",
@@ -212,42 +226,52 @@ def body_of(case: int, body: tuple[Any, ...], headers: dict[str, Any]) -> bytes:
 
 
 class Cases:
-    """What the fuzzing sent, and how many of it have ended (handled for good, or archived)."""
+    """What the fuzzing sent (as the user of ``sender``), and how many of it have ended (handled for good, or
+    archived: counted as ``admin``, who may read orders' archive)."""
 
-    def __init__(self, broker_url: str, records: Records) -> None:
-        self.broker_url, self.records = broker_url, records
+    def __init__(self, sender: str, admin: str, records: Records) -> None:
+        self.sender, self.records = sender, records
         self.sent: dict[int, tuple[Any, ...]] = {}
-        #: Messages the broker refused to take (an invalid header frame): they never reach a worker.
+        #: Messages the broker refused to take (an invalid header frame, another's user_id): never at a worker.
         self.refused = 0
         # One connection for every send and count (a connection per poll churned RabbitMQ 4.0 into connect timeouts).
-        self.connection = Connection(broker_url, transport_options={"confirm_publish": True})
+        self.connection = Connection(sender, transport_options={"confirm_publish": True})
+        self.admin = Connection(admin)
 
     def send(
-        self, headers: dict[str, Any], body: tuple[Any, ...], content_type: Any, encoding: Any, user_id: Any
+        self,
+        headers: dict[str, Any],
+        body: tuple[Any, ...],
+        content_type: Any,
+        encoding: Any,
+        user_id: str,
+        expiration: str | None,
     ) -> int:
         case = max(self.sent, default=0) + 1
         headers = {**headers, MARKER: case}
         sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))  # py-amqp writes deep headers recursively
         channel = self.connection.default_channel
+        properties = {"own": {"user_id": self.connection.userid}, "none": {}}.get(user_id, {"user_id": user_id})
         message = channel.prepare_message(
             body_of(case, body, headers),
             content_type=content_type,
             content_encoding=encoding,
             headers=headers,
-            properties={"user_id": user_id} if user_id else None,
+            properties={**properties, **({"expiration": expiration} if expiration else {})},
         )
         try:
-            channel.basic_publish(message, exchange="", routing_key=QUEUE, confirm_timeout=BOUND)
+            channel.basic_publish(message, exchange="events", routing_key="test.ping", confirm_timeout=BOUND)
         except self.connection.connection_errors + self.connection.channel_errors:
             self.refused += 1  # the broker refused it (a header frame over frame_max, a user_id not the sender's)
-            self.close()
-            self.connection = Connection(self.broker_url, transport_options={"confirm_publish": True})
+            self.connection.close()
+            self.connection = Connection(self.sender, transport_options={"confirm_publish": True})
             return 0
         self.sent[case] = body
         return case
 
     def close(self) -> None:
         self.connection.close()
+        self.admin.close()
 
     def handled(self) -> set[int]:
         """Cases whose handler returned: it ran without being told to fail, or told to fail once, ran again."""
@@ -260,15 +284,20 @@ class Cases:
         return done
 
     def archived(self) -> int:
-        return int(self.connection.default_channel.queue_declare("orders.archive", passive=True).message_count)
+        return int(self.admin.default_channel.queue_declare("orders.archive", passive=True).message_count)
 
     def ended(self) -> int:
         return len(self.handled()) + self.archived()
 
 
-def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbitmq: Any, vhost: str, **pool: Any):
-    process = worker("orders", env={"MAX_RETRIES": "1", "BACKOFF_MAX": "1", "MAX_BODY_BYTES": str(MAX_BODY)}, **pool)
-    cases = Cases(broker_url, records)
+def fuzz(fleet: Any, start_worker: Any, cli_process: Any, broker_url: str, records: Records, archive_of: Any,
+         rabbitmq: Any, vhost: str, **pool: Any) -> None:  # fmt: skip
+    urls, env = fleet
+    env = {**env, "AMQP_EVENTS_SHARED_TOPOLOGY": "check", "BROKER_URL": urls["orders"]}
+    worker_env = {"RECORD_FILE": str(records.path), "PYTHONPATH": str(TESTS), **env,
+                  "MAX_RETRIES": "1", "BACKOFF_MAX": "1", "MAX_BODY_BYTES": str(MAX_BODY)}  # fmt: skip
+    process = start_worker("services.orders", env=worker_env, cwd=TESTS, **pool)
+    cases = Cases(urls["shipping"], broker_url, records)
 
     @settings(
         max_examples=EXAMPLES,
@@ -279,10 +308,10 @@ def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbit
         phases=[Phase.explicit, Phase.generate],
         report_multiple_bugs=False,
     )
-    @given(header_sets(), bodies, content_types, encodings, user_ids)
-    def one_message_ends_handled_or_archived(headers, body, content_type, encoding, user_id):
+    @given(header_sets(), bodies, content_types, encodings, user_ids, expirations)
+    def one_message_ends_handled_or_archived(headers, body, content_type, encoding, user_id, expiration):
         before = cases.ended()
-        case = cases.send(headers, body, content_type, encoding, user_id)
+        case = cases.send(headers, body, content_type, encoding, user_id, expiration)
         assume(case)
         try:
             wait_for(lambda: cases.ended() > before or None, BOUND, what=f"case {case} to end")
@@ -292,31 +321,51 @@ def fuzz(worker: Any, broker_url: str, records: Records, archive_of: Any, rabbit
 
     try:
         one_message_ends_handled_or_archived()
+        # Every case by its own marker: archived with its headers, or handled; and no dead letter left behind.
         wait_for(lambda: cases.ended() >= len(cases.sent) or None, BOUND, what="every case to end")
+        entries = archive_of("orders").list()
+        archived = {entry.headers.get(MARKER) for entry in entries}
+        reasons = Counter(entry.reason for entry in entries)
+        print(f"fuzz {pool}: {len(cases.sent)} messages, {cases.refused} refused by the broker, "
+              f"{len(cases.handled())} handled, archived {dict(reasons.most_common())}")  # fmt: skip
+        assert (archived | cases.handled()) >= set(cases.sent), set(cases.sent) - archived - cases.handled()
+        assert not archived & cases.handled(), "a case both handled and archived"
+
+        # Orders' operator replays everything: each replay ends again, handled or archived.
+        replayed = cli_process("archive", "replay", "--yes", env=env)
+        assert replayed.returncode == 0, replayed.stderr
+        wait_for(lambda: cases.ended() >= len(cases.sent) or None, BOUND * 2, what="every replay to end")
+        print(f"fuzz {pool}: replayed {replayed.stdout.strip().splitlines()[-1:]}; then "
+              f"{len(cases.handled())} handled, {cases.archived()} archived")  # fmt: skip
     finally:
         cases.close()
-    # Every case by its own marker: archived with its headers, or handled; and no dead letter left behind.
-    wait_for(lambda: cases.ended() >= len(cases.sent) or None, BOUND, what="every case to end")
-    entries = archive_of("orders").list()
-    archived = {entry.headers.get(MARKER) for entry in entries}
-    reasons = Counter(entry.reason for entry in entries)
-    print(f"fuzz {pool}: {len(cases.sent)} messages, {cases.refused} refused by the broker, "
-          f"{len(cases.handled())} handled, archived {dict(reasons.most_common())}")  # fmt: skip
-    assert (archived | cases.handled()) >= set(cases.sent), set(cases.sent) - archived - cases.handled()
-    assert not archived & cases.handled(), "a case both handled and archived"
-    # The sender shares the worker's user: nothing verifies an author, whatever fired_by said.
-    assert {run["fired_by"] for run in records.all()} <= {None}
-    time.sleep(0.5)  # the management API's counts lag a moment behind the broker
-    stranded = {q["name"]: q.get("messages_dlx", 0) for q in rabbitmq.management.queues(vhost) if q.get("messages_dlx")}
-    assert not stranded, stranded
+    # Nothing a sender wrote chose another handler, or an author: not on arrival, not in a replay.
+    assert {run["event"] for run in records.all()} <= {"test.ping"}
+    assert {run["fired_by"] for run in records.all()} <= {"shipping"}
+    wait_for(lambda: not stranded(rabbitmq, vhost) or None, 15, what="no dead letter held (the API's counts lag)")
     assert process.is_running()
 
 
+def stranded(rabbitmq: Any, vhost: str) -> dict[str, int]:
+    """Queues holding dead letters they could not deliver."""
+    return {q["name"]: q.get("messages_dlx", 0) for q in rabbitmq.management.queues(vhost) if q.get("messages_dlx")}
+
+
+@pytest.fixture
+def fleet(rabbitmq, broker_url, cli_process) -> Any:
+    """``orders`` and ``shipping`` under users of their own, ownership on."""
+    env = {"AMQP_EVENTS_EVENT_OWNERSHIP": "1", "AMQP_EVENTS_EVENT_OWNERS": OWNERS}
+    with users_of(rabbitmq, broker_url, cli_process, ("orders", "shipping"), env) as found:
+        yield found
+
+
 @pytest.mark.parametrize(
-    "pool", [{"pool": "solo"}, {"pool": "threads", "concurrency": 4}, {"pool": "prefork", "concurrency": 2}],
-    ids=["solo", "threads", "prefork"],
+    "pool",
+    [{"pool": "solo"}, {"pool": "threads", "concurrency": 4}, {"pool": "prefork", "concurrency": 2},
+     {"pool": None, "concurrency": 2}],
+    ids=["solo", "threads", "prefork", "default"],
 )  # fmt: skip
 def test_any_message_ends_handled_or_archived_and_the_worker_keeps_serving(
-    pool, worker, broker_url, records, archive_of, rabbitmq, vhost
+    pool, fleet, start_worker, cli_process, broker_url, records, archive_of, rabbitmq, vhost
 ):
-    fuzz(worker, broker_url, records, archive_of, rabbitmq, vhost, **pool)
+    fuzz(fleet, start_worker, cli_process, broker_url, records, archive_of, rabbitmq, vhost, **pool)

@@ -5,9 +5,7 @@ the shared topology declared by an administrator: each works fully, and neither 
 from __future__ import annotations
 
 import asyncio
-import json
 import shlex
-import urllib.parse
 import uuid
 from typing import Any
 
@@ -16,6 +14,7 @@ from amqp.exceptions import AccessRefused, NotFound
 from console_helpers import Console, call
 from helpers import TESTS, wait_archived
 from kombu import Connection, Exchange, Queue
+from trust_helpers import raw, user_url, users_of
 
 from amqp_events import Reason, events_app
 from amqp_events.celery.control import ServiceControl
@@ -26,11 +25,6 @@ from amqp_events.topology import delays
 from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings
 
 CHECK = {"AMQP_EVENTS_SHARED_TOPOLOGY": "check"}
-
-
-def user_url(broker_url: str, user: str, password: str) -> str:
-    parts = urllib.parse.urlsplit(broker_url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port}"))
 
 
 @pytest.fixture
@@ -237,41 +231,12 @@ OWNERS = "billing.#=shipping,test.#=orders,users.#=orders"
 
 @pytest.fixture(params=["ownership off", "ownership on"])
 def owned(request, rabbitmq, broker_url, cli_process) -> Any:
-    """``orders`` and ``shipping`` with users of their own (named otherwise than their services, mapped by
-    ``AMQP_EVENTS_SERVICE_USERS``), granted what `topology permissions` prints, with ownership off or on:
-    ``(urls by service, the services' environment, ownership on?)``."""
-    if rabbitmq.node is None:
-        pytest.skip("creating users needs the harness's own node (rabbitmqctl)")
-    users = {service: (f"{service}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex) for service in ("orders", "shipping")}
+    """``orders`` and ``shipping`` with users of their own, granted what `topology permissions` prints, with
+    ownership off or on: ``(urls by service, the services' environment, ownership on?)``."""
     on = request.param == "ownership on"
-    env = {"AMQP_EVENTS_SERVICE_USERS": ",".join(f"{user}={service}" for service, (user, _) in users.items()),
-           **({"AMQP_EVENTS_EVENT_OWNERSHIP": "1", "AMQP_EVENTS_EVENT_OWNERS": OWNERS} if on else {})}  # fmt: skip
-    for service, (user, password) in users.items():
-        rabbitmq.node.rabbitmqctl("add_user", user, password)
-        assert cli_process("topology", "declare", app=f"services.{service}", env=env).returncode == 0
-        printed = cli_process("topology", "permissions", "--user", user, app=f"services.{service}", env=env)
-        assert printed.returncode == 0 and ("set_topic_permissions -p" in printed.stdout), printed.stderr
-        for line in printed.stdout.splitlines():
-            if line.startswith("rabbitmqctl "):
-                rabbitmq.node.rabbitmqctl(*shlex.split(line)[1:])
-    yield {service: user_url(broker_url, *user) for service, user in users.items()}, env, on
-    for user, _ in users.values():
-        rabbitmq.node.rabbitmqctl("delete_user", user)
-
-
-def raw(url: str, exchange: str, routing_key: str, headers: dict[str, Any], body: Any, signed: bool = True) -> Any:
-    """A publish as the user of ``url`` could make it with any client, confirmed (what `refused` calls); ``signed``:
-    with its ``user_id`` (the broker verifies it), as the library sends, or without (nothing verified)."""
-
-    def publish() -> None:
-        with Connection(url, transport_options={"confirm_publish": True}) as connection:
-            channel = connection.default_channel
-            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-            properties = {"user_id": connection.userid} if signed else {}
-            message = channel.prepare_message(payload, None, "application/json", "utf-8", headers, properties)
-            channel.basic_publish(message, exchange=exchange, routing_key=routing_key)
-
-    return publish
+    env = {"AMQP_EVENTS_EVENT_OWNERSHIP": "1", "AMQP_EVENTS_EVENT_OWNERS": OWNERS} if on else {}
+    with users_of(rabbitmq, broker_url, cli_process, ("orders", "shipping"), env) as (urls, fleet):
+        yield urls, fleet, on
 
 
 def test_nothing_another_service_writes_chooses_the_handler_that_runs_its_author_or_its_fate(

@@ -21,6 +21,7 @@ app = events_app(
     amqp_events_history=os.environ.get("HISTORY") == "1",
     amqp_events_health_stall=float(os.environ.get("HEALTH_STALL", "60")),
     amqp_events_max_body_bytes=int(os.environ.get("MAX_BODY_BYTES", 16 * 1024 * 1024)),
+    amqp_events_shared_queue_max_bytes=int(os.environ.get("SHARED_QUEUE_MAX_BYTES", 1024**3)),
     task_soft_time_limit=float(os.environ["TIME_LIMIT"]) if os.environ.get("TIME_LIMIT") else None,
 )
 

@@ -5,7 +5,12 @@ import os
 from amqp_events.celery import events_app
 from services.behaviour import behave, maybe_coroutine
 
-app = events_app("shipping", broker_url=os.environ["BROKER_URL"], amqp_events_history=os.environ.get("HISTORY") == "1")
+app = events_app(
+    "shipping",
+    broker_url=os.environ["BROKER_URL"],
+    amqp_events_history=os.environ.get("HISTORY") == "1",
+    amqp_events_shared_queue_max_bytes=int(os.environ.get("SHARED_QUEUE_MAX_BYTES", 1024**3)),
+)
 
 
 @app.handler("test.ping", bind=True)

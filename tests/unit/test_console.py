@@ -145,7 +145,7 @@ def test_a_message_s_details_stay_small_whatever_it_carries():
     import json
 
     from amqp_events.console.api import SHOWN_BODY, detail
-    from amqp_events.wire.archived import ArchivedMessage
+    from amqp_events.wire.archive_entries import ArchivedMessage
     from amqp_events.wire.message import StoredMessage
 
     body = json.dumps([["x" * 50_000_000], {}, None]).encode()

@@ -34,6 +34,7 @@ def test_into_the_per_service_layout_each_handler_queue_is_unbound_and_its_name_
     assert routes(welcome.redirects) == {
         ("accounts.direct", "accounts.events", "accounts:user.created:welcome"),
         ("amqp_events.delivery", "accounts.events", "*." * 22 + "queue.accounts:user.created:welcome"),
+        ("accounts.delayed", "accounts.events", "*." * 22 + "queue.accounts:user.created:welcome"),  # its own ladder
     }
 
 

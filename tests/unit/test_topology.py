@@ -67,9 +67,25 @@ def test_event_queues_receive_delayed_fires_of_their_event_and_messages_sent_to_
         [
             (delays.DELIVERY_EXCHANGE, stars + "event.billing.invoice.paid"),
             (delays.DELIVERY_EXCHANGE, stars + "queue.orders:billing.invoice.paid"),
+            ("orders.delayed", stars + "queue.orders:billing.invoice.paid"),  # its retries, off its own ladder
             ("orders.direct", "orders:billing.invoice.paid"),  # a copy for it alone: a retry, a replay
         ]
     )
+
+
+def test_a_service_s_own_waits_have_a_ladder_of_their_own_that_reaches_its_queues_alone():
+    own = topology(events=["a.b", "c.d"])
+    levels = [queue for queue in own.queues if queue.name.startswith("orders.delay.")]
+    assert [queue.name for queue in levels] == [delays.own_level_name("orders", level) for level in range(22)]
+    assert all(own.is_own(queue.name) for queue in levels)  # its user alone may write to them
+    assert {queue.queue_arguments["x-message-ttl"] for queue in levels} == {2**level * 1000 for level in range(22)}
+    exits = {(link.source.name, link.destination.name) for link in own.bindings if link.source.name == "orders.delayed"}
+    assert exits == {("orders.delayed", "orders:a.b"), ("orders.delayed", "orders:c.d")}
+    [gone] = [link for link in own.bindings if link.source.name == "orders.unroutable"]
+    assert gone.destination.name == "orders.archive"  # a wait whose queue was removed meanwhile is kept
+    shared = topology(Settings(delay_ladder="shared"), events=["a.b"])
+    assert not [queue for queue in shared.queues if queue.name.startswith("orders.delay.")]
+    assert not [name for name in (queue.name for queue in topology(events=[]).queues) if name.startswith("orders.d")]
 
 
 def test_the_delay_ladder_has_one_queue_per_power_of_two_shared_by_all_services():
@@ -88,7 +104,8 @@ def test_the_queue_count_does_not_grow_with_events_or_retries():
     few = topology(events=["a.b"])
     many = topology(events=[f"e{n}.x" for n in range(50)])
     assert len(many.queues) - len(few.queues) == 49  # only the event queues themselves
-    assert len(few.queues) == delays.LEVELS + 1 + 1 + 1  # ladder, unroutable, archive, one event queue
+    # the shared ladder, unroutable, archive, one event queue, and the service's own ladder
+    assert len(few.queues) == delays.LEVELS + 1 + 1 + 1 + delays.LEVELS
 
 
 def test_archive_limits_and_zero_meaning_unbounded():

@@ -18,8 +18,8 @@ from amqp_events.topology import delays
 from amqp_events.topology.ownership import owned_regex, owner_of_event, topic_matches, topic_regex
 from amqp_events.topology.permissions import service_grants
 from amqp_events.wire.heartbeats import heartbeat, read_heartbeat
-from amqp_events.wire.message import FIRED_BY, FOR_HANDLER
-from amqp_events.wire.trust import OWN_COPIES_ONLY, Identity, vouch
+from amqp_events.wire.message import DEATH_HEADERS, FIRED_BY, FOR_HANDLER
+from amqp_events.wire.trust import OWN_COPIES_ONLY, RECEIVER_DECIDES, Identity, drop_unverified, vouch
 
 ORDERS = Identity("orders", "orders-user", {"orders-user": "orders", "billing-user": "billing"})
 SHARED = Identity("orders", "guest")
@@ -227,3 +227,24 @@ def test_a_queue_cancelled_since_a_message_was_delivered_is_still_known_by_its_t
     assert queues.of(again, "1") == "orders:b"
     with pytest.raises(LookupError):
         queues.of(SimpleNamespace(), "1")
+
+
+# -- headers only the receiver or the broker writes -------------------------------------------------------------
+
+steering = st.dictionaries(
+    st.sampled_from([*RECEIVER_DECIDES, *DEATH_HEADERS, "task", "id", "eta", "expires", "root_id", "origin"]),
+    st.one_of(st.none(), st.text(max_size=8), st.integers(), st.lists(st.integers(), max_size=2)),
+)
+
+
+@given(steering, st.booleans())
+def test_what_the_receiver_decides_is_removed_and_the_broker_s_deaths_are_kept_only_off_its_dead_lettering(
+    headers, dead_lettered
+):
+    kept = dict(headers)
+    drop_unverified(kept, dead_lettered)
+    assert not set(kept) & set(RECEIVER_DECIDES)  # a sender's time limits, task name, stamps, argsrepr: gone
+    assert bool(set(kept) & set(DEATH_HEADERS)) == (dead_lettered and bool(set(headers) & set(DEATH_HEADERS)))
+    assert {k: v for k, v in kept.items() if k not in DEATH_HEADERS} == {
+        k: v for k, v in headers.items() if k not in RECEIVER_DECIDES and k not in DEATH_HEADERS
+    }  # the sender's own: eta, expires, its ids

@@ -72,7 +72,12 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
             self.start_process(slot)
 
     def did_start_ok(self) -> bool:
-        return all(process is not None and process.exitcode is None for process in self.processes)
+        """Did every process start (one that died after it began a run did: the run ended it, and it is replaced;
+        a backlog of poison must not stop the worker as it starts)?"""
+        return all(
+            process is not None and (process.exitcode is None or self.shared.ran[slot])
+            for slot, process in enumerate(self.processes)
+        )
 
     def register_with_event_loop(self, hub: Any) -> None:
         """On every start of the worker's event loop (a reconnection resets it)."""

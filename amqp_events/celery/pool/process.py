@@ -22,7 +22,7 @@ import os
 import resource
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import bootsteps
@@ -49,7 +49,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Lost, Outcome, decide, requeue_later
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import ProcessStopping
-from amqp_events.wire.message import X_DELIVERY_COUNT
+from amqp_events.wire.message import X_DELIVERY_COUNT, delivery_count
 
 logger = logging.getLogger(__name__)
 
@@ -153,8 +153,12 @@ class ProcessLimits(Middleware):
         key = run_key(attempt.handler.task_name, delivery.event_id, delivery.retries, delivery.lost_runs)
         # Only a message the broker says came back (its count of returns, which the router keeps on redeliveries
         # alone) can be a lost run: a sender's fresh copy under the same id never is, nor clears the entry.
-        if X_DELIVERY_COUNT in delivery.headers and self.slot.shared.was_lost(key):  # counted, as prefork does
-            return decide(delivery, Lost(), attempt.context.handling(attempt.handler), attempt.context.now())
+        if X_DELIVERY_COUNT in delivery.headers:
+            if self.slot.shared.was_lost(key):  # counted, as prefork does
+                return decide(delivery, Lost(), attempt.context.handling(attempt.handler), attempt.context.now())
+            # Prefetched by processes that ended: as many returns as processes ended are not charged to it.
+            charged = max(0, delivery_count(delivery.headers) - self.slot.shared.ended.value)
+            attempt.delivery = replace(delivery, headers={**delivery.headers, X_DELIVERY_COUNT: charged})
         self.places[id(attempt)] = self.slot.started(key)
         return None
 

@@ -6,9 +6,11 @@
 * The queues the operator stopped the worker consuming (``celery control cancel_consumer``, until
   ``add_consumer``): the main process answers remote control, each process follows.
 * Runs in progress: each process writes which runs it is in (handler, event id, retries, lost runs so far). The
-  process that gets such a message again counts the loss (as Celery's prefork pool does), while the messages a
-  dead process had only prefetched come back uncounted. When it dies, the main process keeps its runs a while
-  among the lost runs.
+  process that gets such a message again counts the loss (as Celery's prefork pool does). When it dies, the main
+  process keeps its runs a while among the lost runs.
+* How many processes ended: the messages an ended process had only prefetched come back with the broker's count
+  of returns raised. Returns up to that many are not charged to a message (a poison killing process after
+  process would otherwise exhaust the returns of every event prefetched beside it).
 
 Each process writes its own slot only; the lost runs are shared by all, under a lock.
 """
@@ -63,6 +65,8 @@ class Shared:
         self.runs = [multiprocessing.RawArray("c", KEY_BYTES * RUNS_PER_SLOT) for _ in range(slots)]
         self.lost = multiprocessing.RawArray("c", KEY_BYTES * LOST_KEPT)
         self.lost_next = multiprocessing.RawValue("i", 0)
+        #: Processes that ended since the worker started (each gave back what it had prefetched).
+        self.ended = multiprocessing.RawValue("i", 0)
         self.lock = multiprocessing.Lock()
 
     # -- the main process ------------------------------------------------------------------------------------
@@ -80,6 +84,7 @@ class Shared:
         self.deadline[slot] = 0.0
         self.consuming[slot] = 0
         with self.lock:
+            self.ended.value += 1
             keys = [key for key in _entries(self.runs[slot], RUNS_PER_SLOT) if key]
             self.runs[slot][:] = bytes(len(self.runs[slot]))
             for key in keys:

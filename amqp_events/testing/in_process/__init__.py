@@ -245,7 +245,7 @@ class InProcess:
         """Messages not handled yet, oldest first: in services' queues, or waiting out a delay."""
         found = []
         for queue in self.broker.queues.values():
-            ladder = queue.name.startswith(delays.PREFIX + ".delay.")
+            ladder = delays.is_ladder_level(queue.name)
             if queue.name not in self.workers and not ladder:
                 continue
             for envelope in queue.messages:

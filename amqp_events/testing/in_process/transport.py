@@ -9,7 +9,7 @@ from typing import Any
 from kombu import Queue
 from kombu.serialization import dumps
 
-from amqp_events.errors import PublishError
+from amqp_events.errors import PublishRefused
 from amqp_events.topology import Topology
 from amqp_events.topology.limits import START, Window
 from amqp_events.transport.base import AwaitedBatch
@@ -43,7 +43,7 @@ class InProcessTransport:
         try:
             routed = self.broker.publish(envelope)
         except QueueFull as exc:
-            raise PublishError(f"the broker refused {message.event!r} (nack): {exc}") from exc
+            raise PublishRefused(f"the broker refused {message.event!r} (nack): {exc}", [message.message_id]) from exc
         self.mode.published(message, envelope, routed)
         return routed
 

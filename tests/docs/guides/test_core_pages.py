@@ -218,14 +218,13 @@ def test_two_services_under_users_of_their_own(guide, servers):
     security.run(security.line("amqp-events -A shipping.celery topology declare"))
     for service in ("orders", "shipping"):
         applied = security.run(security.line(f"{service.upper()}_PASSWORD="))
-        assert f"user {service!r}: its permissions on vhost '/'" in applied.stdout, applied.stdout
+        assert f"user {service!r}; its permissions on vhost '/' given" in applied.stdout, applied.stdout
     assert {"orders", "shipping"} <= set(
         security.run(security.line("amqp-events broker ctl list_users")).stdout.split()
     )
-    orders = security.worker(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check celery -A orders.celery"),
-                             "orders:billing.invoice.paid")  # fmt: skip
-    shipping = security.worker(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check celery -A shipping.celery"),
-                               "shipping:billing.invoice.paid")  # fmt: skip
+    as_user = "AMQP_EVENTS_SHARED_TOPOLOGY=check CELERY_BROKER_URL=amqp://{0}:{0}-secret@localhost:5672/ celery"
+    orders = security.worker(security.line(as_user.format("orders")), "orders:billing.invoice.paid")
+    shipping = security.worker(security.line(as_user.format("shipping")), "shipping:billing.invoice.paid")
     wanted = {"orders:billing.invoice.paid": "orders", "shipping:billing.invoice.paid": "shipping"}
 
     def consumed_as() -> dict[str, str]:
@@ -235,8 +234,8 @@ def test_two_services_under_users_of_their_own(guide, servers):
         return {row["queue"]["name"]: row["channel_details"]["user"] for row in listed}
 
     wait_for(lambda: wanted.items() <= consumed_as().items(), 30, what="each service's queue consumed as its user")
-    security.run(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check CELERY_BROKER_URL="))
+    security.run(security.line(as_user.format("orders").replace(" celery", " python")))
     wait_for(lambda: "invoice 42 paid: 10.00" in orders.log(), 30, what="orders' handler, as orders")
     wait_for(lambda: "courier booked for invoice 42" in shipping.log(), 30, what="shipping's handler, as shipping")
-    listed = security.run(security.line("AMQP_EVENTS_SHARED_TOPOLOGY=check amqp-events --broker"))
+    listed = security.run(security.line(as_user.format("orders").replace(" celery", " amqp-events")))
     assert "0 archived message(s)" in listed.stdout, listed.stdout  # its own archive, read as orders
