@@ -179,3 +179,12 @@ class Expired(Exception):
 
 class Postponed(Exception):
     """A message arrived before its ``eta``: it waits the rest on the broker."""
+
+
+class Revoked(Exception):
+    """Celery's remote control revoked the event's id (``celery control revoke``; ``--terminate`` ended its run)."""
+
+
+class Archived(Exception):
+    """What Celery's request path reports for an event the library archived (its task-failed event, Flower's
+    FAILURE): the reason and what the handler raised. The message itself is settled: its copy is in the archive."""

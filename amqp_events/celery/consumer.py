@@ -40,6 +40,7 @@ from amqp_events.celery.coroutine_loop import CoroutineRunner, runs_on_its_loop
 from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
 from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
+from amqp_events.celery.pool.shared import Revoked
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.settling import Archiver, ChannelSettler, acked_unheld
 from amqp_events.celery.steps import breakers_of, consumes_in_processes
@@ -287,7 +288,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             celery_path=celery_path,
             executor=pool.apply_async if threads else inline,
             coroutines=self.coroutine_runner.submit if self.coroutine_runner is not None else None,
-            revoked=self.controller.state.revoked,
+            # A consuming pool's process learns what the main process's remote control revoked through shared memory.
+            revoked=Revoked(pool.shared) if hasattr(pool, "shared") else self.controller.state.revoked,
             bypass=in_process,
             events=bool(eventer and eventer.enabled),
         )

@@ -11,6 +11,7 @@ from typing import Any
 from celery.app.control import Control
 from celery.worker.control import Panel, control_command
 
+from amqp_events.celery.pool import control as pool_control
 from amqp_events.celery.steps import breakers_of
 from amqp_events.errors import SteeringError
 from amqp_events.topology.names import control_namespace
@@ -20,7 +21,9 @@ PARKED = "amqp_events_parked"
 
 
 def register() -> None:
-    """Make the commands known to the workers of this process (Celery keeps one table per process)."""
+    """Make the commands known to the workers of this process (Celery keeps one table per process), and Celery's
+    own as the consuming pool answers them (:mod:`amqp_events.celery.pool.control`)."""
+    pool_control.install()
     if COMMAND not in Panel.data:
         control_command(
             args=[("service", str), ("handler", str), ("action", str)],

@@ -6,8 +6,9 @@ a message no handler runs is archived (or copied to each of its handlers, or def
 :class:`~amqp_events.celery.settling.Archiver`; an ordered handler's goes to its key's lane in the ordered runner;
 any other runs through the handling pipeline here, in the consumer's thread (solo), a thread of the threads pool or
 the worker's coroutine loop, and is then settled. Where something configured relies on Celery's own request path
-(the prefork pool, whose children run the task; task events; a rate limit; a receiver of Celery's task signals; a
-revoked id), the message goes that way instead (a replay batch is split first, its events sent back one by one).
+(the prefork pool, whose children run the task; task events; a rate limit; a receiver of Celery's task signals),
+the message goes that way instead (a replay batch is split first, its events sent back one by one). An event whose
+id Celery's remote control revoked is archived (reason ``revoked``) on every path.
 
 Upstream: a task's ``Strategy`` (``celery.worker.strategy:default``) turns each message into a ``Request``, logs
 it, sends ``task_received`` and hands it to the pool, which traces the run (signals, states) and acks it once done.
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Callable, Container
 from typing import Any
 
 from celery import signals
 from celery.exceptions import Reject
+from celery.utils.saferepr import saferepr
 from kombu import compression
 
 from amqp_events.celery import batches, ordered
@@ -34,10 +37,17 @@ from amqp_events.core.delivery import Settler
 from amqp_events.core.outcome import Ack
 from amqp_events.core.router import Run, decoded_delivery
 from amqp_events.coroutines import is_coroutine_handler
+from amqp_events.errors import Revoked
 from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.wire import limits
+from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
+#: Celery's own loggers of a run's start and end (``-l info``), as its request path and trace use them.
+received_logger = logging.getLogger("celery.worker.strategy")
+trace_logger = logging.getLogger("celery.app.trace")
+#: How much of the arguments a task event shows (Celery's own default, ``argsrepr_maxsize``).
+ARGSREPR = 1024
 
 #: Celery's task signals: a receiver of any of them gets Celery's own path.
 TASK_SIGNALS = (
@@ -88,6 +98,11 @@ class Dispatcher:
         """Carry out what becomes of ``message``, taken from ``queue`` (``settler`` settles it on the broker);
         returns its route."""
         routed = router.route(self.app.context, message, queue)
+        if isinstance(routed, Run) and self.revoked and message.headers.get("id") in self.revoked:
+            # Celery would ack and drop it; an event is kept, for an operator to replay.
+            routed = router.Archive(
+                Reason.REVOKED, Revoked("its id was revoked (celery control revoke)"), routed.handler
+            )
         if not isinstance(routed, Run):
             self.archiver.take(message, settler, routed, queue)
             return routed
@@ -97,10 +112,13 @@ class Dispatcher:
             held = ordered.pending_of(self.app, task, message, queue, settler, self.hostname)
             if held is not None:
                 self.ordered_runner().take(held)
-        elif self.celery_path is not None and self.needs_celery(task, message.headers):
+        elif self.celery_path is not None and self.needs_celery(task):
             if routed.batch:  # its events come one by one, as Celery's path takes them
                 batches.split(self.app.context, handler.queue, message, settler)
             else:
+                if self.events:  # what its task events show of the arguments, as Celery's own sender writes it
+                    args, kwargs, _ = message.decode()
+                    message.headers.update(argsrepr=saferepr(args, ARGSREPR), kwargsrepr=saferepr(kwargs, ARGSREPR))
                 self.celery_path(message)
         else:
             run = self.run_batch if routed.batch else self.run
@@ -108,17 +126,20 @@ class Dispatcher:
             (self.coroutines if on_loop else self.executor)(run, (task, message, settler))  # type: ignore[misc]
         return routed
 
-    def needs_celery(self, task: Any, headers: Any) -> bool:
+    def needs_celery(self, task: Any) -> bool:
         """Does ``task``'s message need Celery's own request path (see the module's text)?"""
-        return (
-            not (self.bypass and task.acks_late and not task.rate_limit and not (self.events and task.send_events))
-            or any(signal.receivers for signal in TASK_SIGNALS)
-            or headers.get("id") in self.revoked
-        )
+        events = self.events and task.send_events
+        bypassed = self.bypass and task.acks_late and not task.rate_limit and not events
+        return not bypassed or any(signal.receivers for signal in TASK_SIGNALS)
 
     def run(self, task: Any, message: Any, settler: Settler) -> None:
-        """Run ``task``'s handler on ``message`` through the pipeline, then settle it."""
+        """Run ``task``'s handler on ``message`` through the pipeline, then settle it; with Celery's lines at
+        ``-l info``, as its own request path logs them."""
         delivery = decoded_delivery(message, task.handler.queue)
+        logged = received_logger.isEnabledFor(logging.INFO)
+        if logged:
+            received_logger.info("Task %s[%s] received", task.name, delivery.event_id)
+            started = time.monotonic()
         try:
             outcome = run_here(self.app, task, delivery, message.delivery_info, self.hostname)
         except Reject as exc:  # the handler rejected its message itself
@@ -129,6 +150,9 @@ class Dispatcher:
             settler.reject()
             return
         settler.ack(replaced=not isinstance(outcome, Ack))  # None: Celery's Retry (its copy sent) or Ignore
+        if logged and isinstance(outcome, Ack):
+            runtime = time.monotonic() - started
+            trace_logger.info("Task %s[%s] succeeded in %ss: %s", task.name, delivery.event_id, runtime, None)
 
     def run_batch(self, task: Any, message: Any, settler: Settler) -> None:
         batches.run_batch(self.app, task, message, settler, self.hostname)

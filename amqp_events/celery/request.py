@@ -1,7 +1,8 @@
-"""Celery's worker-side request for a handler's message, counting pool processes lost exactly.
+"""Celery's worker-side request for a handler's message: pool processes lost counted exactly, and what Celery's
+own path reports (task events, revocations) made to say what the library did with the message.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0, billiard 4.3.2 (tests/broker/test_celery_compat.py,
-tests/broker/test_worker_lost.py).
+tests/broker/test_worker_lost.py, tests/broker/test_celery_operators.py).
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import logging
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
-from billiard.exceptions import WorkerLostError
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.utils.saferepr import saferepr
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
 from amqp_events.celery.task import EventHandler, delivery_of
 from amqp_events.core import handling
+from amqp_events.errors import Archived, Revoked
+from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
 
@@ -29,13 +33,27 @@ class EventRequest(Request):  # type: ignore[misc]
     return alike, also those of messages a dying worker had only prefetched.
     The main process knows which message its lost child was running, so it
     decides that one: run again, or archive after
-    ``amqp_events_max_deliveries`` losses; then ack.
+    ``amqp_events_max_deliveries`` losses; then ack. A run past its hard time
+    limit (its process killed) counts the same way, as on the consuming pool.
+
+    An event the library archived reaches Celery as :class:`~amqp_events.errors.Archived`: acked (its copy is
+    in the archive), reported ``task-failed``. A revoked one (``celery control revoke``, ``--terminate``) is
+    archived with reason ``revoked`` before Celery acks it, where Celery would drop it.
     """
 
     task: EventHandler
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> Any:
-        if not self._lost_its_process(exc_info.exception):
+        exc = exc_info.exception
+        if isinstance(exc, ExceptionWithTraceback):
+            exc = exc.exc
+        if isinstance(exc, Archived):
+            task_ready(self)
+            if send_failed_event:
+                self.send_event("task-failed", exception=saferepr(exc), traceback=exc_info.traceback)
+            self.acknowledge()
+            return None
+        if not self._lost_its_process(exc):
             return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         task_ready(self)
         handler = self.task.handler
@@ -48,14 +66,33 @@ class EventRequest(Request):  # type: ignore[misc]
         self.acknowledge()
         return None
 
-    def _lost_its_process(self, exc: BaseException) -> bool:
-        if isinstance(exc, ExceptionWithTraceback):
+    def on_retry(self, exc_info: Any) -> None:
+        """Upstream: the event shows ``Retry``'s ``exc``; the handler's own exception is shown, not a ``Retry``
+        wrapped in another."""
+        if self.task.acks_late:
+            self.acknowledge()
+        exc: Any = getattr(exc_info.exception, "exc", None)
+        while getattr(exc, "exc", None) is not None:  # a Retry of a Retry (self.retry() raised inside the handler)
             exc = exc.exc
-        if not self.task.acks_late:
+        self.send_event("task-retried", exception=saferepr(exc), traceback=str(exc_info.traceback))
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
+        """Upstream: a revoked message is acked and gone; here it is archived first, for an operator to replay."""
+        handler = self.task.handler
+        why = Reason.EXPIRED if expired else Reason.REVOKED
+        error = Revoked(f"its id was revoked (celery control revoke{' --terminate' if terminated else ''}): {reason}")
+        try:
+            handling.dead_letter(self.task.app.context, delivery_of(self, handler.queue), why, error, handler)
+        except Exception:
+            logger.exception("could not archive the revoked %s; it stays on the broker", self.id)
+            self._already_revoked = True
+            return
+        super()._announce_revoked(reason, terminated, signum, expired)
+
+    def _lost_its_process(self, exc: BaseException) -> bool:
+        if not self.task.acks_late or self._already_revoked:
             return False
-        if isinstance(exc, WorkerLostError):
+        if isinstance(exc, WorkerLostError | TimeLimitExceeded):  # a hard time limit kills the process too
             return True
         # The process ended the run itself; unless this worker killed it (revoked, cancelled), it is lost.
-        return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not (
-            self._already_cancelled or self._already_revoked
-        )
+        return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not self._already_cancelled

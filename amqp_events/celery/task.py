@@ -3,8 +3,9 @@ in Celery's terms.
 
 The pipeline (:mod:`amqp_events.core.handling`) runs the handler and settles
 its outcome; this module turns that into what Celery expects from a task:
-return (ack), raise ``Retry`` (a copy is on its way back; ack) or ``Ignore``
-(archived; ack).
+return (ack), raise ``Retry`` (a copy is on its way back; ack) or
+:class:`~amqp_events.errors.Archived` (its copy is in the archive; acked by
+:class:`~amqp_events.celery.request.EventRequest`, reported as failed).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from celery.exceptions import Ignore, Reject, Retry
 from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Ack, Outcome, Redeliver
+from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive
+from amqp_events.core.settle import describe
+from amqp_events.errors import Archived
 from amqp_events.topology import delays
 from amqp_events.wire.message import ENVELOPE
 
@@ -43,6 +46,9 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
     Request = "amqp_events.celery.request:EventRequest"
     #: The handler as the core sees it (set by ``@app.handler``).
     handler: ClassVar[Handler]
+    #: Celery logs an archived event's end at info level, without a traceback ("raised expected"): the library
+    #: logs it already, as archived.
+    throws: ClassVar[tuple[type[BaseException], ...]] = (Archived,)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -102,12 +108,13 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
 
 
 def in_celery_terms(outcome: Outcome) -> Exception:
-    """What a task raises for a settled outcome other than an ack; Celery acks the message either way."""
-    leave: Exception = Ignore()  # archived
+    """What a task raises for a settled outcome other than an ack; the message is acked either way."""
     if isinstance(outcome, Redeliver):
         error = outcome.error
-        leave = Retry(exc=error if isinstance(error, Exception) else None, when=float(outcome.delay))
-    return leave
+        retry: Exception = Retry(exc=error if isinstance(error, Exception) else None, when=float(outcome.delay))
+        return retry
+    assert isinstance(outcome, SendToArchive), outcome
+    return Archived(f"archived ({outcome.reason}): {describe(outcome.error)}")
 
 
 def delivery_of(request: Any, queue: str) -> Delivery:

@@ -30,9 +30,9 @@ from amqp_events.errors import BreakerOpen, Postponed, Rejected, WorkerLost
 from amqp_events.settings import Settings
 from amqp_events.topology import delays
 from amqp_events.topology.names import to_queue
+from amqp_events.wire.archive_headers import ARCHIVE_CUT
 from amqp_events.wire.archived import Delivered, Failure, archived_message
 from amqp_events.wire.message import (
-    ARCHIVE_CUT,
     FAILED_SECTION,
     FIRST_FAILURE_AT,
     JSON,

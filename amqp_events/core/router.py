@@ -35,8 +35,8 @@ from amqp_events.topology import delays
 from amqp_events.topology.names import event_of
 from amqp_events.topology.ownership import owner_of_event
 from amqp_events.wire import batch, limits
+from amqp_events.wire.archive_headers import ARCHIVE_CUT
 from amqp_events.wire.message import (
-    ARCHIVE_CUT,
     FIRED_BY,
     X_DELIVERY_COUNT,
     OutgoingMessage,

@@ -10,7 +10,9 @@ What is logged, by :class:`EventLog`: ``fired`` (info; not for events fired
 in a batch), ``handled`` (debug: Celery logs every success already),
 ``duplicate skipped`` (info), ``retrying``, ``redelivering`` and ``handed
 back, breaker open`` (warning: a failing handler is worth seeing with a
-worker's default log level), ``waiting, over its limit`` (debug: flow control
+worker's default log level), ``handed back, its process stops`` (debug: a
+recycled or stopping pool process gives back what it took in its last turn;
+it says so once, at info), ``waiting, over its limit`` (debug: flow control
 at work, as often as a backlog comes round), ``archived`` (warning; error for a message no
 handler could take: the sender's mistake), ``replayed`` (info).
 """
@@ -25,6 +27,7 @@ from typing import Any
 from amqp_events.core.context import Attempt, Firing, Middleware, Replay
 from amqp_events.core.outcome import Ack, Outcome, Redeliver
 from amqp_events.core.settle import describe
+from amqp_events.errors import ProcessStopping
 from amqp_events.middleware.tracing import log_fields
 from amqp_events.wire.message import event_id
 
@@ -83,6 +86,8 @@ class EventLog(Middleware):
         if outcome is None:
             return
         what, level = _SAID[outcome.name]
+        if isinstance(outcome, Redeliver) and isinstance(outcome.error, ProcessStopping):
+            what, level = "handed back, its process stops", logging.DEBUG
         if not logger.isEnabledFor(level):
             return
         fields: dict[str, Any] = {}

@@ -25,7 +25,8 @@ from amqp_events.core.context import Attempt, Firing, Middleware, Replay
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Outcome, Redeliver
 from amqp_events.settings import Settings
-from amqp_events.wire.message import ARCHIVE_TRACEPARENT, DUE_AT, FIRED_BY, REPLAY_TRACEPARENT, event_id, queue_wait
+from amqp_events.wire.archive_headers import ARCHIVE_TRACEPARENT, REPLAY_TRACEPARENT
+from amqp_events.wire.message import DUE_AT, FIRED_BY, event_id, queue_wait
 
 try:
     from opentelemetry import context as otel_context

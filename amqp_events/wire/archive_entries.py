@@ -18,7 +18,7 @@ from kombu.utils.json import loads as json_loads
 
 from amqp_events.topology.names import dead_lettering_service, event_of, event_queue_name, owner_of, task_of_queue
 from amqp_events.wire import cloud_events
-from amqp_events.wire.message import (
+from amqp_events.wire.archive_headers import (
     ARCHIVE_ATTEMPTS,
     ARCHIVE_CUT,
     ARCHIVE_EXCEPTION_MESSAGE,
@@ -36,6 +36,8 @@ from amqp_events.wire.message import (
     ARCHIVE_TASK,
     ARCHIVE_TRACEBACK,
     ARCHIVED_AT,
+)
+from amqp_events.wire.message import (
     DEATH_HEADERS,
     FIRED_BY,
     X_DEATH,

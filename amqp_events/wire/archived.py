@@ -15,7 +15,7 @@ from datetime import datetime
 
 from amqp_events.clock import SYSTEM_CLOCK
 from amqp_events.topology.names import archive_queue_name, to_queue
-from amqp_events.wire.message import (
+from amqp_events.wire.archive_headers import (
     ARCHIVE_ATTEMPTS,
     ARCHIVE_CUT,
     ARCHIVE_EXCEPTION_MESSAGE,
@@ -33,11 +33,8 @@ from amqp_events.wire.message import (
     ARCHIVE_TASK,
     ARCHIVE_TRACEBACK,
     ARCHIVED_AT,
-    OutgoingMessage,
-    StoredMessage,
-    event_id,
-    isoformat,
 )
+from amqp_events.wire.message import OutgoingMessage, StoredMessage, event_id, isoformat
 
 MAX_EXCEPTION_MESSAGE = 1000
 MAX_TRACEBACK = 4096

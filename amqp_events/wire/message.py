@@ -16,7 +16,7 @@ runs it: the ``task`` header is the event name, ``id`` is the event id and
 ``replayed_by``      who replayed it from the archive (copies of a replay)
 ==================== ========================================================
 
-Archived copies carry the ``archive_*`` headers of :mod:`amqp_events.wire.archived`.
+Archived copies carry the ``archive_*`` headers of :mod:`amqp_events.wire.archive_headers`.
 Everything here is pure: building and reading messages, no I/O.
 """
 
@@ -34,6 +34,7 @@ from kombu.utils.json import dumps as json_dumps
 
 from amqp_events.topology import delays
 from amqp_events.topology.names import EVENT_KEY_HEADER, EVENT_SLOT_HEADER
+from amqp_events.wire.archive_headers import ARCHIVE_HEADERS
 from amqp_events.wire.parked import PARKING_HEADERS
 
 FIRED_AT = "fired_at"
@@ -311,53 +312,6 @@ def delivery_count(headers: Mapping[str, Any]) -> int:
         return 0
 
 
-# -- the headers of archived copies (built and read in amqp_events.wire.archived) --------------------
-
-ARCHIVE_REASON = "archive_reason"
-ARCHIVE_SERVICE = "archive_service"
-ARCHIVE_HANDLER = "archive_handler"
-#: The handler task the worker chose for it by the queue and the event ("" when it chose none): what a replay
-#: routes by.
-ARCHIVE_TASK = "archive_task"
-ARCHIVE_QUEUE = "archive_queue"
-ARCHIVE_EXCHANGE = "archive_exchange"
-ARCHIVE_ROUTING_KEY = "archive_routing_key"
-ARCHIVE_EXCEPTION_TYPE = "archive_exception_type"
-ARCHIVE_EXCEPTION_MESSAGE = "archive_exception_message"
-ARCHIVE_TRACEBACK = "archive_traceback"
-ARCHIVE_ATTEMPTS = "archive_attempts"
-ARCHIVE_SECTION = "archive_section"
-ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
-ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
-ARCHIVED_AT = "archived_at"
-#: What of a message could not be kept as it came (headers dropped, a body cut: :mod:`amqp_events.wire.limits`),
-#: in words; only on the archived copy made of it.
-ARCHIVE_CUT = "archive_cut"
-#: W3C ``traceparent`` of the attempt that archived the message (with tracing on).
-ARCHIVE_TRACEPARENT = "archive_traceparent"
-#: W3C ``traceparent`` of the replay that sent the message back (with tracing on; kept through its retries).
-REPLAY_TRACEPARENT = "replay_traceparent"
-ARCHIVE_HEADERS = (
-    ARCHIVE_REASON,
-    ARCHIVE_SERVICE,
-    ARCHIVE_HANDLER,
-    ARCHIVE_TASK,
-    ARCHIVE_QUEUE,
-    ARCHIVE_EXCHANGE,
-    ARCHIVE_ROUTING_KEY,
-    ARCHIVE_EXCEPTION_TYPE,
-    ARCHIVE_EXCEPTION_MESSAGE,
-    ARCHIVE_TRACEBACK,
-    ARCHIVE_ATTEMPTS,
-    ARCHIVE_SECTION,
-    ARCHIVE_FIRST_FAILURE_AT,
-    ARCHIVE_LAST_FAILURE_AT,
-    ARCHIVED_AT,
-    ARCHIVE_TRACEPARENT,
-    ARCHIVE_CUT,
-)
-
-
 #: Headers of one copy only, never carried on to its retries or replays.
 ONE_COPY_ONLY = (DUE_AT, LOST_RUNS)
 
@@ -395,6 +349,8 @@ class Reason(str, Enum):
     #: The broker refused the copy that was to wait on the delay ladder (a level over its byte bound): the message
     #: is archived rather than sent round again.
     DELAY_REFUSED = "delay_refused"
+    #: Celery's remote control revoked its id (``celery control revoke``, with ``--terminate`` while it ran).
+    REVOKED = "revoked"
 
     def __str__(self) -> str:
         return self.value

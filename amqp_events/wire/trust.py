@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp_events.wire.archive_headers import REPLAY_TRACEPARENT
 from amqp_events.wire.batch import REPLAY_BATCH
 from amqp_events.wire.message import (
     DEATH_HEADERS,
@@ -35,7 +36,6 @@ from amqp_events.wire.message import (
     FIRST_FAILURE_AT,
     FOR_HANDLER,
     LOST_RUNS,
-    REPLAY_TRACEPARENT,
     SECTION_RETRIES,
 )
 from amqp_events.wire.parked import HISTORY_REPLAY, PARKING_HEADERS

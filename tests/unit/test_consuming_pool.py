@@ -93,8 +93,8 @@ def test_slots_never_claim_a_run_that_ended_and_always_claim_one_that_did_not(st
 def test_a_slot_holds_its_earliest_deadline_and_the_main_process_finds_it_overdue():
     shared = Shared(2, ["slow", "quick"])
     runs = SlotRuns(shared, 1)
-    late = runs.limit("slow", 60)
-    soon = runs.limit("quick", 0.01)
+    late = runs.limit(0, 60)
+    soon = runs.limit(1, 0.01)
     assert shared.overdue(time.monotonic()) == []
     [overdue] = shared.overdue(time.monotonic() + 1)
     assert (overdue.slot, overdue.handler) == (1, "quick")

@@ -47,7 +47,7 @@ def test_every_exception_is_defined_in_errors_and_each_a_caller_sees_has_one_bas
     # into the archive (an outcome's exception type).
     raised = {kind for kind in defined if issubclass(kind, errors.AmqpEventsError)}
     reasons = {errors.WorkerLost, errors.Rejected, errors.RetryRequested, errors.BreakerOpen, errors.Expired,
-               errors.Postponed, errors.ProcessStopping, errors.OverLimit}  # fmt: skip
+               errors.Postponed, errors.ProcessStopping, errors.OverLimit, errors.Revoked, errors.Archived}  # fmt: skip
     assert defined == raised | reasons and not raised & reasons
     exported = {getattr(amqp_events, name) for name in amqp_events.__all__}
     assert not reasons & exported and errors.AmqpEventsError in exported

@@ -24,7 +24,8 @@ from amqp_events.core.outcome import SendToArchive as Archive
 from amqp_events.core.policy import RetryPolicy
 from amqp_events.errors import Rejected, WorkerLost
 from amqp_events.topology import delays
-from amqp_events.wire.message import ARCHIVE_HEADERS, DUE_AT, EMPTY_EMBED, FIRST_FAILURE_AT, LOST_RUNS, isoformat
+from amqp_events.wire.archive_headers import ARCHIVE_HEADERS
+from amqp_events.wire.message import DUE_AT, EMPTY_EMBED, FIRST_FAILURE_AT, LOST_RUNS, isoformat
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
 QUEUE = "orders:billing.invoice.paid"

@@ -6,7 +6,9 @@ or ``CELERY_CUSTOM_WORKER_POOL=amqp_events.celery.pool:ConsumingPool celery -A a
 
 * :mod:`~amqp_events.celery.pool.consuming`: the main process (starts, watches and replaces the processes);
 * :mod:`~amqp_events.celery.pool.process`: one process (a solo worker with time limits and recycling);
-* :mod:`~amqp_events.celery.pool.shared`: what they share with the main process (deadlines, runs in progress).
+* :mod:`~amqp_events.celery.pool.shared`: what they share with the main process (deadlines, runs in progress);
+* :mod:`~amqp_events.celery.pool.mirror` and :mod:`~amqp_events.celery.pool.control`: Celery's remote control,
+  heartbeats and ``inspect``, answered for the processes by the main process.
 """
 
 from __future__ import annotations

@@ -28,8 +28,10 @@ from celery.concurrency.base import BasePool
 from celery.utils.nodenames import default_nodename
 from celery.worker import state
 
+from amqp_events.celery.pool.mirror import Mirror
 from amqp_events.celery.pool.process import Assignment, serve
 from amqp_events.celery.pool.shared import Shared
+from amqp_events.errors import WorkerStartError
 from amqp_events.metrics.serve import forget_process
 
 logger = logging.getLogger(__name__)
@@ -58,16 +60,27 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         self.worker: Any = None
         self.time_limit, self.soft_time_limit = options.get("timeout"), options.get("soft_timeout")
         self.max_tasks, self.max_memory_kib = options.get("maxtasksperchild"), options.get("max_memory_per_child")
-        self.shared = _shared_memory(self.app, self.limit)
-        self.processes: list[BaseProcess | None] = [None] * self.limit
-        self.early_failures = [0] * self.limit
-        self.start_after = [0.0] * self.limit
+        # Room for `celery control pool_grow` (the shared memory is made before the processes fork).
+        capacity = max(2 * self.limit, self.limit + 4)
+        self.shared = _shared_memory(self.app, capacity, self.time_limit, self.soft_time_limit)
+        self.processes: list[BaseProcess | None] = [None] * capacity
+        self.early_failures = [0] * capacity
+        self.start_after = [0.0] * capacity
         self.watching: Any = None
         self.stopping = False
+        self.mirror: Mirror | None = None
 
     # -- Celery's pool interface -----------------------------------------------------------------------------
 
     def on_start(self) -> None:
+        if getattr(self.worker, "autoscale", None):
+            raise WorkerStartError(
+                "--autoscale is not supported by the consuming pool (celery worker's default for an events app): "
+                "size it with -c N and change it at run time with `celery control pool_grow N` / `pool_shrink N`, "
+                "or run -P prefork --autoscale"
+            )
+        self.mirror = Mirror(self.shared, getattr(self.worker, "hostname", None) or default_nodename(None))
+        self.shared.revoke(list(state.revoked)[-len(self.shared.revoked) :] if state.revoked else [])  # --statedb
         for slot in range(self.limit):
             self.start_process(slot)
 
@@ -76,7 +89,7 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         a backlog of poison must not stop the worker as it starts)?"""
         return all(
             process is not None and (process.exitcode is None or self.shared.ran[slot])
-            for slot, process in enumerate(self.processes)
+            for slot, process in enumerate(self.processes[: self.limit])
         )
 
     def register_with_event_loop(self, hub: Any) -> None:
@@ -123,6 +136,40 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
     def num_processes(self) -> int:
         return self.limit
 
+    def live_slots(self) -> range:
+        """The slots the pool keeps a process in (``pool_shrink`` stops those past the limit)."""
+        return range(self.limit)
+
+    def grow(self, n: int = 1) -> None:
+        """``celery control pool_grow N``: N more processes, started at once."""
+        room = len(self.processes) - self.limit
+        if n > room:
+            raise ValueError(
+                f"the pool can grow by {room} more process(es) (to {len(self.processes)}: its shared memory was made "
+                "for that many); restart the worker with a larger -c"
+            )
+        for slot in range(self.limit, self.limit + n):
+            self.limit += 1
+            self.start_after[slot] = 0.0
+            if self.processes[slot] is None:
+                self.start_process(slot)
+
+    def shrink(self, n: int = 1) -> None:
+        """``celery control pool_shrink N``: the last N processes stop warmly (they finish their run)."""
+        if n >= self.limit:
+            raise ValueError(f"the pool has {self.limit} process(es): it keeps at least one")
+        for _ in range(n):
+            self.limit -= 1
+            process = self.processes[self.limit]
+            if process is not None and process.pid and process.exitcode is None:
+                os.kill(process.pid, signal.SIGTERM)
+
+    def set_time_limits(self, task: str, soft: float, hard: float) -> None:
+        """``celery control time_limit``: the processes apply these to ``task``'s next runs."""
+        if task in self.shared.handlers:
+            index = self.shared.handlers.index(task)
+            self.shared.soft[index], self.shared.hard[index] = float(soft or 0.0), float(hard or 0.0)
+
     # -- the processes ---------------------------------------------------------------------------------------
 
     def start_process(self, slot: int) -> None:
@@ -145,7 +192,8 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         self.processes[slot] = process
 
     def watch(self) -> None:
-        """Replace the processes that ended; kill those whose run is past its hard time limit."""
+        """Replace the processes that ended; kill those whose run is past its hard time limit; show the runs in
+        Celery's state."""
         now = time.monotonic()
         for overdue in self.shared.overdue(now):
             self.shared.deadline[overdue.slot] = 0.0
@@ -163,8 +211,15 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
         for slot, process in enumerate(self.processes):
             if process is not None and process.exitcode is not None:
                 self._ended(slot, process, now)
-            if self.processes[slot] is None and now >= self.start_after[slot] and self._may_start():
+            if (
+                slot < self.limit
+                and self.processes[slot] is None
+                and now >= self.start_after[slot]
+                and self._may_start()
+            ):
                 self.start_process(slot)
+        if self.mirror is not None:
+            self.mirror.sync(self.processes)
 
     def _ended(self, slot: int, process: BaseProcess, now: float) -> None:
         process.join()
@@ -211,11 +266,16 @@ class ConsumingPool(BasePool):  # type: ignore[misc]
                 os.kill(process.pid, how)
 
 
-def _shared_memory(app: Any, processes: int) -> Shared:
+def _shared_memory(app: Any, slots: int, hard: float | None, soft: float | None) -> Shared:
     """What the processes share with this one. Every queue of the app is there: those the worker was not started
-    to consume (``-Q``, ``-X``: applied by now) begin cancelled, for ``add_consumer`` to start."""
+    to consume (``-Q``, ``-X``: applied by now) begin cancelled, for ``add_consumer`` to start. Each handler's time
+    limits are its own, else the worker's (``--time-limit``, ``--soft-time-limit``)."""
     if app is None:
-        return Shared(processes, ())
+        return Shared(slots, ())
     queues = app.amqp.queues
     selected = set(queues.consume_from)  # first: it adds the queues of handlers imported since the table was made
-    return Shared(processes, sorted(app.tasks), sorted(queues), set(queues) - selected)
+    tasks = sorted(app.tasks)
+    limits = [
+        (app.tasks[name].soft_time_limit or soft or 0.0, app.tasks[name].time_limit or hard or 0.0) for name in tasks
+    ]
+    return Shared(slots, tasks, sorted(queues), set(queues) - selected, limits)

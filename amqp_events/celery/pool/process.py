@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from billiard import process as billiard_process
 from celery import bootsteps
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.exceptions import SoftTimeLimitExceeded
@@ -45,11 +46,12 @@ from amqp_events.celery.steps import (
     stop_consuming,
 )
 from amqp_events.core.context import Attempt, HandlerCall, Middleware, ServiceContext
+from amqp_events.core.delivery import Delivery
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Lost, Outcome, decide, requeue_later
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import ProcessStopping
-from amqp_events.wire.message import X_DELIVERY_COUNT, delivery_count
+from amqp_events.wire.message import X_DELIVERY_COUNT, delivery_count, json_text
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,7 @@ def serve(app: Any, assignment: Assignment) -> None:
     """The process's life (``multiprocessing``'s target): a solo worker until told to stop."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _log_as_process(app, assignment)
     set_event_loop(None)  # the main process's hub polls an epoll instance this process shares: make its own
     app.conf.worker_enable_remote_control = False  # the main process answers for the worker
     worker_steps, consumer_steps = MAIN_PROCESS_STEPS
@@ -135,10 +138,8 @@ class ProcessLimits(Middleware):
 
     def __init__(self, app: Any, assignment: Assignment, stopping: Stopping) -> None:
         self.slot = SlotRuns(assignment.shared, assignment.slot)
-        self.limits = {
-            name: (task.time_limit or assignment.time_limit, task.soft_time_limit or assignment.soft_time_limit)
-            for name, task in app.tasks.items()
-        }
+        self.index = {name: index for index, name in enumerate(assignment.shared.handlers)}
+        self.hostname = assignment.hostname
         self.max_tasks, self.max_memory_kib, self.stopping = assignment.max_tasks, assignment.max_memory_kib, stopping
         self.taken = 0
         self.places: dict[int, int | None] = {}
@@ -159,17 +160,20 @@ class ProcessLimits(Middleware):
             # Prefetched by processes that ended: as many returns as processes ended are not charged to it.
             charged = max(0, delivery_count(delivery.headers) - self.slot.shared.ended.value)
             attempt.delivery = replace(delivery, headers={**delivery.headers, X_DELIVERY_COUNT: charged})
-        self.places[id(attempt)] = self.slot.started(key)
+        self.places[id(attempt)] = self.slot.started(key, shown(attempt.handler.task_name, delivery))
         return None
 
     def wrap_run(self, context: ServiceContext, handler: Handler, run: HandlerCall) -> HandlerCall:
-        hard, soft = self.limits.get(handler.task_name, (None, None))
-        if not (hard or soft) or is_coroutine_handler(handler.function):  # a coroutine's own limit cancels it
+        if is_coroutine_handler(handler.function):  # a coroutine's own limit cancels it
             return run
+        index = self.index.get(handler.task_name, -1)
 
         def limited(attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            token = self.slot.limit(handler.task_name, hard) if hard else None
-            alarm = soft is not None and soft > 0 and threading.current_thread() is threading.main_thread()
+            soft, hard = self.slot.limits_of(index)  # as remote control (celery control time_limit) set them
+            if not (soft or hard):
+                return run(attempt, args, kwargs)
+            token = self.slot.limit(index, hard) if hard else None
+            alarm = soft > 0 and threading.current_thread() is threading.main_thread()
             if alarm:
                 self.soft.limit = soft
                 signal.signal(signal.SIGALRM, self._soft_limit_reached)
@@ -192,7 +196,8 @@ class ProcessLimits(Middleware):
             raise SoftTimeLimitExceeded(f"soft time limit ({limit:g}s) exceeded")
 
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
-        self.slot.ended(self.places.pop(id(attempt), None))
+        handler = self.index.get(attempt.handler.task_name, -1) if attempt.handler is not None else -1
+        self.slot.ended(self.places.pop(id(attempt), None), handler if attempt.kind == "run" else -1)
         self.taken += 1
         if self.max_tasks and self.taken >= self.max_tasks:
             self.stopping.stop(f"recycled after {self.taken} messages: --max-tasks-per-child {self.max_tasks}")
@@ -200,6 +205,14 @@ class ProcessLimits(Middleware):
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
             if peak > self.max_memory_kib:
                 self.stopping.stop(f"recycled at {peak} KiB resident: --max-memory-per-child {self.max_memory_kib}")
+
+
+def shown(task: str, delivery: Delivery) -> bytes:
+    """What ``inspect active`` shows of a run (:class:`amqp_events.celery.pool.mirror.ProcessRun` reads it back):
+    its task, id, how it was routed, and its arguments as JSON (cut at what the slot holds)."""
+    fields = (task, delivery.event_id, delivery.exchange, delivery.routing_key)
+    arguments = json_text([list(delivery.args), dict(delivery.kwargs)])
+    return "\0".join((*fields, arguments)).encode("utf-8", "surrogatepass")
 
 
 class FollowMainProcess(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -220,6 +233,7 @@ class FollowMainProcess(bootsteps.StartStopStep):  # type: ignore[misc]
         self.follow(c)
         if self.timer_entry is None:
             self.timer_entry = c.timer.call_repeatedly(TICK, self.follow, (c,))
+        c.pool.shared.prefetch[c.pool.slot] = getattr(c.qos, "value", 0) or 0  # what `inspect stats` sums
         c.pool.shared.consuming[c.pool.slot] = 1
 
     def stop(self, c: Any) -> None:
@@ -240,6 +254,18 @@ class FollowMainProcess(bootsteps.StartStopStep):  # type: ignore[misc]
         for queue in self.paused - paused:
             start_consuming(c, queue)
         self.paused = paused
+
+
+def _log_as_process(app: Any, assignment: Assignment) -> None:
+    """``-f worker-%i.log``: a file per process, as Celery's prefork children have (``%i`` is 1, 2, ... here, the
+    main process's 0). Upstream: Celery reads a process's index from billiard's ``current_process()``, and the
+    main process leaves the log file it was given in ``CELERY_LOG_FILE``."""
+    logfile = os.environ.get("CELERY_LOG_FILE") or ""
+    if "%i" not in logfile.lower():
+        return
+    billiard_process.current_process().index = assignment.slot
+    app.log.already_setup = False
+    app.log.setup(int(os.environ.get("CELERY_LOG_LEVEL") or 0), logfile, hostname=assignment.hostname)
 
 
 def _die_with_parent() -> None:

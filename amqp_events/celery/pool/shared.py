@@ -11,8 +11,12 @@
 * How many processes ended: the messages an ended process had only prefetched come back with the broker's count
   of returns raised. Returns up to that many are not charged to a message (a poison killing process after
   process would otherwise exhaust the returns of every event prefetched beside it).
+* What Celery's remote control asks about (:mod:`amqp_events.celery.pool.mirror`): each run in progress as
+  ``inspect active`` shows it (its task, id, start and the first bytes of its body), the runs each process ended
+  by handler (``inspect stats``), each process's prefetch; and what it steers: the ids revoked (the
+  :data:`REVOKED_KEPT` latest), each handler's time limits, the processes the pool keeps.
 
-Each process writes its own slot only; the lost runs are shared by all, under a lock.
+Each process writes its own slot only; the lost runs and the revoked ids are shared by all, under a lock.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ RUNS_PER_SLOT = 4
 #: Lost runs remembered until their message comes back (the oldest are forgotten first).
 LOST_KEPT = 64
 KEY_BYTES = 200
+#: What ``inspect active`` shows of a run: its task, id, exchange and routing key, and its body's first bytes.
+SHOWN_BYTES = 2048
+#: Revoked ids the processes know (the latest; Celery's worker keeps 50,000 for ``inspect revoked``).
+REVOKED_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -50,9 +58,15 @@ class Shared:
     queues cancelled by remote control."""
 
     def __init__(
-        self, slots: int, handlers: Sequence[str], queues: Sequence[str] = (), cancelled: Collection[str] = ()
+        self,
+        slots: int,
+        handlers: Sequence[str],
+        queues: Sequence[str] = (),
+        cancelled: Collection[str] = (),
+        limits: Sequence[tuple[float, float]] = (),
     ) -> None:
         slots = max(1, slots)
+        self.slots = slots
         self.handlers = tuple(handlers)
         self.queues = tuple(queues)
         self.cancelled = multiprocessing.RawArray("b", [int(queue in cancelled) for queue in self.queues] or [0])
@@ -68,6 +82,24 @@ class Shared:
         #: Processes that ended since the worker started (each gave back what it had prefetched).
         self.ended = multiprocessing.RawValue("i", 0)
         self.lock = multiprocessing.Lock()
+        # What remote control reads and steers.
+        self.shown = [multiprocessing.RawArray("c", SHOWN_BYTES * RUNS_PER_SLOT) for _ in range(slots)]
+        self.started_at = [multiprocessing.RawArray("d", RUNS_PER_SLOT) for _ in range(slots)]
+        self.counts = multiprocessing.RawArray("q", slots * max(1, len(self.handlers)))
+        self.prefetch = multiprocessing.RawArray("i", slots)
+        self.arrived = multiprocessing.RawArray("b", slots)
+        self.revoked = multiprocessing.RawArray("c", KEY_BYTES * REVOKED_KEPT)
+        self.revoked_next = multiprocessing.RawValue("i", 0)
+        #: Counts every revocation: a process reads the ids again when it changed.
+        self.revoked_generation = multiprocessing.RawValue("i", 0)
+        #: Each handler's (soft, hard) time limits in seconds, 0: none (``celery control time_limit`` sets them).
+        given = dict(enumerate(limits))
+        self.soft = multiprocessing.RawArray(
+            "d", [given.get(index, (0.0, 0.0))[0] for index in range(len(handlers))] or [0.0]
+        )
+        self.hard = multiprocessing.RawArray(
+            "d", [given.get(index, (0.0, 0.0))[1] for index in range(len(handlers))] or [0.0]
+        )
 
     # -- the main process ------------------------------------------------------------------------------------
 
@@ -87,10 +119,37 @@ class Shared:
             self.ended.value += 1
             keys = [key for key in _entries(self.runs[slot], RUNS_PER_SLOT) if key]
             self.runs[slot][:] = bytes(len(self.runs[slot]))
+            self.started_at[slot][:] = [0.0] * RUNS_PER_SLOT
             for key in keys:
                 at = self.lost_next.value
                 _put(self.lost, at, key)
                 self.lost_next.value = (at + 1) % LOST_KEPT
+
+    def revoke(self, ids: Collection[str]) -> None:
+        """Tell the processes these ids are revoked (the latest :data:`REVOKED_KEPT` are kept)."""
+        with self.lock:
+            for event_id in ids:
+                at = self.revoked_next.value
+                _put(self.revoked, at, event_id.encode("utf-8", "surrogatepass")[:KEY_BYTES])
+                self.revoked_next.value = (at + 1) % REVOKED_KEPT
+            self.revoked_generation.value += 1
+
+    def running(self, slot: int) -> list[tuple[int, float, bytes]]:
+        """The runs the process of ``slot`` is in: ``(place, started at (epoch seconds), what it showed)``."""
+        shown, started = self.shown[slot], self.started_at[slot]
+        return [
+            (place, started[place], shown[place * SHOWN_BYTES : (place + 1) * SHOWN_BYTES].rstrip(b"\0"))
+            for place in range(RUNS_PER_SLOT)
+            if started[place]
+        ]
+
+    def totals(self) -> dict[str, int]:
+        """How many runs each handler ended, over every process (those of processes that ended included)."""
+        width = max(1, len(self.handlers))
+        return {
+            handler: sum(self.counts[slot * width + index] for slot in range(self.slots))
+            for index, handler in enumerate(self.handlers)
+        }
 
     def consume(self, queue: str, consuming: bool) -> bool:
         """The worker consumes ``queue`` again, or no longer; ``False`` for a queue that is not the app's."""
@@ -104,6 +163,11 @@ class Shared:
     def cancelled_queues(self) -> set[str]:
         """The queues no process of the worker consumes now (read at every tick of each process)."""
         return {queue for queue, cancelled in zip(self.queues, self.cancelled, strict=False) if cancelled}
+
+    def revoked_ids(self) -> set[str]:
+        """The ids revoked (read again only when :attr:`revoked_generation` changed: see :class:`Revoked`)."""
+        with self.lock:
+            return {key.decode("utf-8", "surrogatepass") for key in _entries(self.revoked, REVOKED_KEPT) if key}
 
     def was_lost(self, key: bytes) -> bool:
         """Was this run lost? A message is given to one consumer at a time: if a run of it is still written down
@@ -131,23 +195,39 @@ class SlotRuns:
         self.next_token = 0
         shared.deadline[slot] = 0.0
 
-    def started(self, key: bytes) -> int | None:
-        """A run began: its place in the slot (``None``: the slot is full)."""
-        self.shared.ran[self.slot] = 1
-        with self.shared.lock:
-            free = _find(self.shared.runs[self.slot], b"")  # an empty entry
+    def started(self, key: bytes, shown: bytes = b"") -> int | None:
+        """A run began: its place in the slot (``None``: the slot is full); ``shown``: what ``inspect active``
+        shows of it."""
+        shared, slot = self.shared, self.slot
+        shared.ran[slot] = 1
+        with shared.lock:
+            free = _find(shared.runs[slot], b"")  # an empty entry
             if free is not None:
-                _put(self.shared.runs[self.slot], free, key)
+                _put(shared.runs[slot], free, key)
+                shared.shown[slot][free * SHOWN_BYTES : (free + 1) * SHOWN_BYTES] = shown[:SHOWN_BYTES].ljust(
+                    SHOWN_BYTES, b"\0"
+                )
+                shared.started_at[slot][free] = time.time()
             return free
 
-    def ended(self, place: int | None) -> None:
+    def ended(self, place: int | None, handler: int = -1) -> None:
+        """A run ended (``handler``: its handler's index, counted)."""
+        shared, slot = self.shared, self.slot
+        if handler >= 0:  # this process alone writes its slot's counts
+            shared.counts[slot * max(1, len(shared.handlers)) + handler] += 1
         if place is not None:
-            with self.shared.lock:
-                _put(self.shared.runs[self.slot], place, b"")
+            with shared.lock:
+                _put(shared.runs[slot], place, b"")
+                shared.started_at[slot][place] = 0.0
 
-    def limit(self, handler: str, seconds: float) -> int:
-        """A run of ``handler`` must end within ``seconds``; returns the token that ends the limit."""
-        index = self.shared.handlers.index(handler) if handler in self.shared.handlers else -1
+    def limits_of(self, handler: int) -> tuple[float, float]:
+        """``(soft, hard)`` time limits of the handler of index ``handler`` now (0: none)."""
+        if handler < 0:
+            return 0.0, 0.0
+        return self.shared.soft[handler], self.shared.hard[handler]
+
+    def limit(self, index: int, seconds: float) -> int:
+        """A run of the handler of index ``index`` must end within ``seconds``; returns the token that ends it."""
         with self.lock:
             self.next_token += 1
             self.deadlines[self.next_token] = (time.monotonic() + seconds, index)
@@ -166,6 +246,19 @@ class SlotRuns:
         deadline, index = min(self.deadlines.values())
         self.shared.deadline_of[self.slot] = index  # first: a reader that sees the deadline sees its handler
         self.shared.deadline[self.slot] = deadline
+
+
+class Revoked:
+    """The revoked ids as a process sees them: a set read again from shared memory when a revocation came."""
+
+    def __init__(self, shared: Shared) -> None:
+        self.shared, self.generation, self.ids = shared, -1, frozenset[str]()
+
+    def __contains__(self, event_id: object) -> bool:
+        generation = self.shared.revoked_generation.value
+        if generation != self.generation:
+            self.ids, self.generation = frozenset(self.shared.revoked_ids()), generation
+        return event_id in self.ids
 
 
 def _find(array: Any, key: bytes) -> int | None:
