@@ -150,6 +150,10 @@ class Settings:
     #: Format of a worker's log lines: "text" (Celery's) or "json" (one JSON object per line, with the
     #: event's fields).
     log_format: str = "text"
+    #: At ``-l info``, Celery's ``Task NAME[ID] received`` and ``succeeded in`` lines for each run, as Celery's own
+    #: request path logs them (False: left out, where a line per run costs more than the run; at ``-l warning``,
+    #: Celery's default, they cost nothing).
+    log_runs: bool = True
     #: How this service fires events: "celery" (Celery's task message, the default) or "cloudevents"
     #: (CloudEvents binary mode, ``ce-`` headers: for consumers in other languages). Workers read both.
     wire_format: str = "celery"

@@ -92,9 +92,10 @@ def celery_workers(run: Run, library: str, pool: str, concurrency: int, processe
 
 @contextlib.contextmanager
 def as_typed(run: Run, library: str) -> Iterator[None]:
-    """``celery -A app worker -c 2``: no pool named (Celery's prefork; ours, the consuming pool)."""
+    """``celery -A app worker -c 2``: no pool named (Celery's prefork; ours, the consuming pool), and no log level
+    (Celery's, warning)."""
     python = legacy_python() if library == "legacy" else sys.executable
-    with run.worker(library, pool=None, concurrency=2, python=python):
+    with run.worker(library, pool=None, concurrency=2, python=python, typed=True):
         yield
 
 

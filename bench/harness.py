@@ -107,11 +107,16 @@ class Run:
         service: str = "bench",
         env: dict[str, str] | None = None,
         prefetch_multiplier: str = PREFETCH_MULTIPLIER,
+        typed: bool = False,
     ) -> Iterator[WorkerProcess]:
+        """A worker; ``typed``: at Celery's own log level (warning), as the command is typed, which logs no "ready"
+        line (the drains it serves are timed by their marks, not from its start)."""
         name = f"{app}-{service}-{pool}-{uuid.uuid4().hex[:6]}"
         argv = worker_argv(
             app, "--prefetch-multiplier", prefetch_multiplier, pool=pool, concurrency=concurrency, name=name
         )
+        if typed:
+            argv.remove("--loglevel=INFO")
         argv[0] = python
         log = self.workdir / f"{name}.log"
         environment = {**self.env(service), **(env or {})}
@@ -119,7 +124,8 @@ class Run:
             environment["PYTHONPATH"] = str(APPS)
         worker = WorkerProcess(argv, environment, APPS, log).start()
         try:
-            worker.wait_ready(120)
+            if not typed:
+                worker.wait_ready(120)
             yield worker
         finally:
             worker.stop()

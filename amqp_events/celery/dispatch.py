@@ -93,6 +93,7 @@ class Dispatcher:
         self.app, self.archiver, self.ordered_runner, self.hostname = app, archiver, ordered_runner, hostname
         self.celery_path, self.executor, self.coroutines = celery_path, executor, coroutines
         self.revoked, self.bypass, self.events = revoked, bypass, events
+        self.log_runs = app.context.settings.log_runs
 
     def dispatch(self, message: Any, queue: str, settler: Settler) -> router.Route:
         """Carry out what becomes of ``message``, taken from ``queue`` (``settler`` settles it on the broker);
@@ -136,7 +137,7 @@ class Dispatcher:
         """Run ``task``'s handler on ``message`` through the pipeline, then settle it; with Celery's lines at
         ``-l info``, as its own request path logs them."""
         delivery = decoded_delivery(message, task.handler.queue)
-        logged = received_logger.isEnabledFor(logging.INFO)
+        logged = self.log_runs and received_logger.isEnabledFor(logging.INFO)
         if logged:
             received_logger.info("Task %s[%s] received", task.name, delivery.event_id)
             started = time.monotonic()

@@ -7,13 +7,15 @@ import time
 import click
 import pytest
 from celery.bin.worker import worker as worker_command
+from celery.worker import state as worker_state
 from click.core import ParameterSource
 from hypothesis import given
 from hypothesis import strategies as st
 
 from amqp_events.celery import events_app
 from amqp_events.celery.pool import ConsumingPool, chosen_by_default
-from amqp_events.celery.pool.shared import LOST_KEPT, RUNS_PER_SLOT, Shared, SlotRuns, run_key
+from amqp_events.celery.pool.mirror import Mirror, ProcessRun
+from amqp_events.celery.pool.shared import LOST_KEPT, RUNS_PER_SLOT, Revoked, Shared, SlotRuns, run_key
 
 
 def typed(pool_source: ParameterSource) -> click.Context:
@@ -143,3 +145,60 @@ def test_the_pool_shares_every_queue_of_the_app_a_handler_imported_late_included
     shared = ConsumingPool(2, app=app).shared
     assert {"shop:order.placed", "shop:order.paid"} <= set(shared.queues)
     assert shared.cancelled_queues() == set()  # no -Q: every queue consumed
+
+
+# -- what remote control reads and steers ---------------------------------------------------------------------
+
+
+class Alive:
+    """A process as the main process sees it: its pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+@pytest.fixture
+def celery_state():
+    """Celery's worker state of this process (module globals), empty before and after."""
+    worker_state.reset_state()
+    yield worker_state
+    worker_state.reset_state()
+
+
+def test_the_runs_in_progress_are_celery_s_active_requests_until_they_end_and_their_ends_its_totals(celery_state):
+    shared = Shared(2, ["a.b", "c.d"])
+    mirror = Mirror(shared, "w1@host")
+    slot = SlotRuns(shared, 1)
+    place = slot.started(run_key("a.b", "e1", 0, 0), b'a.b\0e1\0events\0a.b\0[[7], {"k": "v"}]')
+    mirror.sync([Alive(10), Alive(11)])
+    [run] = worker_state.active_requests
+    assert worker_state.requests["e1"] is run and run in worker_state.reserved_requests
+    info = run.info()
+    assert (info["id"], info["name"], info["args"], info["kwargs"], info["worker_pid"]) == (
+        "e1", "a.b", [7], {"k": "v"}, 11,
+    )  # fmt: skip
+    assert info["delivery_info"]["routing_key"] == "a.b" and run.info(safe=True)["args"] == "[7]"
+    slot.ended(place, 0)
+    mirror.sync([Alive(10), Alive(11)])
+    assert not worker_state.active_requests and "e1" not in worker_state.requests
+    assert worker_state.total_count == {"a.b": 1} and worker_state.all_total_count[0] == 1
+    # A process that died mid-run leaves nothing active behind.
+    slot.started(run_key("c.d", "e2", 0, 0), b"c.d\0e2\0\0\0[[], {}]")
+    shared.process_ended(1)
+    mirror.sync([Alive(10), None])
+    assert not worker_state.active_requests
+
+
+def test_a_run_whose_arguments_did_not_fit_its_slot_shows_what_it_held():
+    run = ProcessRun(b'a.b\0e1\0events\0a.b\0[["' + b"x" * 50, 0.0, 5, "w1@host")
+    assert run.args == ['[["' + "x" * 50 + "…"] and run.kwargs == {}
+
+
+@given(st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=20))
+def test_a_process_knows_every_revoked_id_as_soon_as_the_main_process_wrote_it(ids):
+    shared = Shared(1, ["a.b"])
+    seen = Revoked(shared)
+    assert "never" not in seen
+    shared.revoke(ids)
+    assert all(event_id in seen for event_id in ids if len(event_id.encode()) < 200)
+    assert "never" not in seen
