@@ -57,6 +57,11 @@ _made: dict[str, Any] | None = None
 _making = threading.Lock()
 
 
+def made() -> bool:
+    """Were this process's instruments created already?"""
+    return _made is not None
+
+
 def instruments() -> dict[str, Any]:
     """The instruments, created once per process on first use, by whichever thread comes first (Prometheus's
     registry refuses a second creation)."""

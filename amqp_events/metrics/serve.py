@@ -15,6 +15,8 @@ import sys
 import tempfile
 from typing import Any
 
+from amqp_events.metrics import made
+
 logger = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -40,14 +42,19 @@ class MetricsServer:
     def _use_multiprocess_dir(self) -> None:
         if MULTIPROC_ENV in os.environ:
             _clear(os.environ[MULTIPROC_ENV])  # files of a previous run would add up with this one's
-        elif "prometheus_client" in sys.modules:
+        elif "prometheus_client" in sys.modules and made():
             logger.warning(
-                "prometheus_client was imported before the worker started: pool children's metrics are only "
-                "collected when %s is set in the worker's environment",
+                "metrics were made before the worker started: pool children's metrics are only collected when %s "
+                "is set in the worker's environment",
                 MULTIPROC_ENV,
             )
         else:
             self.made_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="amqp-events-metrics-")
+            if "prometheus_client" in sys.modules:  # imported early by another package (Flower's plugin of the
+                # `celery` command): it chooses how a metric keeps its value as it makes one, so ours still can
+                from prometheus_client import values
+
+                values.ValueClass = values.get_value_class()
 
     def stop(self) -> None:
         if self.server is not None:

@@ -49,7 +49,8 @@ def test_a_message_that_cannot_be_decoded_is_archived_and_the_worker_goes_on(
     assert archived.reason == reason
     assert archived.body == body and archived.content_type == content_type  # kept byte for byte
     assert archived.queue == "orders:test.ping"
-    wait_for(lambda: f"handler=- reason={reason}" in process.log(), 10, what="the archiving logged")
+    # (handler=-, or the handler its queue and event chose, when its body was read before it was found wrong)
+    wait_for(lambda: f" reason={reason}" in process.log(), 10, what="the archiving logged")
     producer.fire("test.ping", ["still serving"], {})
     records.wait(1)
     assert process.is_running()

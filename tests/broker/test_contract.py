@@ -88,7 +88,7 @@ def test_after_max_retries_the_message_is_archived_with_its_record(mode, records
         "exception_type": "services.behaviour.Flaky",
         "attempts": 3,
         "queue": queue_of("orders", "test.orders_only"),
-        "exchange": "amqp_events.delay.00",  # the last wait (2 s) ended through the ladder's level 0
+        "exchange": "orders.delay.00",  # the last wait (2 s) ended through its own ladder's level 0
         "routing_key": "0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.queue." + queue_of("orders", "test.orders_only"),
         "content_type": JSON,
     }
@@ -136,15 +136,16 @@ def test_arguments_that_do_not_fit_the_handler_are_archived_unrun(mode, records)
 
 
 @pytest.mark.parametrize(
-    ("body", "headers", "reason"),
+    ("body", "headers", "reason", "handler"),
     [
-        (b'[["x"], {}, {}]', {"task": "test.nobody_handles_this"}, Reason.UNKNOWN_EVENT),
-        (b"{not json", {"task": "test.ping"}, Reason.UNDECODABLE),
-        (b'"a string"', {"task": "test.ping"}, Reason.UNDECODABLE),
+        (b'[["x"], {}, {}]', {"task": "test.nobody_handles_this"}, Reason.UNKNOWN_EVENT, ""),
+        (b"{not json", {"task": "test.ping"}, Reason.UNDECODABLE, ""),
+        # decoded, and its handler chosen by its queue and event, before its body was found not an event's
+        (b'"a string"', {"task": "test.ping"}, Reason.UNDECODABLE, "services.orders.on_ping"),
     ],
     ids=["unknown-event", "not-json", "not-a-task-body"],
 )
-def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, headers, reason):
+def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, headers, reason, handler):
     mode.start("orders")
     event_id = str(uuid.uuid4())
     queue = queue_of("orders", "test.ping")
@@ -155,7 +156,7 @@ def test_a_message_the_worker_cannot_run_is_archived_byte_for_byte(mode, body, h
         event_id,
         reason,
         1,
-        "",
+        handler,
     )  # as logged: attempt=1
     assert (archived.body, archived.queue) == (body, queue)
 

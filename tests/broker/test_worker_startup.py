@@ -11,7 +11,7 @@ from kombu import Connection
 from amqp_events import TopologyMismatch, events_app
 from amqp_events.settings import Settings
 from amqp_events.testing import wait_for
-from amqp_events.topology import service_topology
+from amqp_events.topology import delays, service_topology
 from amqp_events.topology.layout import DELIVERY_LIMIT, PLACEMENT, earlier_dead_lettering
 from amqp_events.transport.declare import declare_topology
 
@@ -23,7 +23,9 @@ def test_a_worker_declares_the_whole_topology_and_nothing_else(worker, rabbitmq,
     assert len([name for name in queues if name.startswith("amqp_events.delay.")]) == 22
     assert queues["orders:test.ping"]["arguments"]["x-queue-type"] == "quorum"
     expected = {queue.name for queue in events_app("orders").topology.queues}  # no handler: shared + archive
-    others = set(queues) - expected
+    own_ladder = {delays.own_level_name("orders", level) for level in range(delays.LEVELS)}
+    assert own_ladder <= set(queues)  # where its retries wait
+    others = set(queues) - expected - own_ladder
     # the six event queues of services/orders.py, and Celery's own remote-control queue (auto-deleted)
     assert {name for name in others if not name.endswith(".orders.control.pidbox")} == {
         "orders:billing.invoice.paid",
