@@ -222,6 +222,10 @@ class Settings:
     #: service filling a level there makes the broker refuse these retries, archived as ``delay_refused``).
     #: Events fired with a delay, and a received message's ``eta``, wait in the shared ladder either way.
     delay_ladder: str = "per_service"
+    #: Flow control's keys (``concurrency_key=``, ``rate_limit_key=``) share this many sets of leases and windows
+    #: per handler: however many keys senders choose, the broker holds at most this many windows for a handler; two
+    #: keys of one set share its limit (a stricter limit, never a looser one).
+    limit_keys: int = 256
 
     @property
     def checks_shared_topology(self) -> bool:
@@ -264,6 +268,8 @@ class Settings:
         problems.extend(_table_problems("event_owners", self.event_owners))
         if self.paused_wait < 1:
             problems.append("paused_wait must be >= 1 (seconds)")
+        if self.limit_keys < 1:
+            problems.append(f"limit_keys must be >= 1, not {self.limit_keys}")
         if self.delay_ladder not in DELAY_LADDERS:
             problems.append(f"delay_ladder must be one of {', '.join(DELAY_LADDERS)}, not {self.delay_ladder!r}")
         if self.queue_layout not in QUEUE_LAYOUTS:

@@ -23,6 +23,7 @@ from bench import (
     coroutines,
     fleet,
     flow_control,
+    flow_pace,
     handling,
     history,
     in_process,
@@ -140,6 +141,10 @@ def main() -> int:
             keep(*flow_control.overhead(bench, size))
         if wanted("limits_memory"):
             keep(flow_control.memory_while_over_limit(bench, size))
+        if wanted("limits_pace"):
+            keep(flow_pace.pace(bench, size))
+        if wanted("limits_order"):
+            keep(flow_pace.order(bench, size))
         if wanted("test_module"):
             keep(in_process.a_test_module(bench, size))
         if wanted("console"):

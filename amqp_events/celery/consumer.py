@@ -38,11 +38,17 @@ from vine import promise
 
 from amqp_events.celery.coroutine_loop import CoroutineRunner, runs_on_its_loop
 from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
+from amqp_events.celery.limited_queues import LimitedQueues
 from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.pool.shared import Revoked
 from amqp_events.celery.prefetch import size_prefetch
 from amqp_events.celery.settling import Archiver, ChannelSettler, acked_unheld
+from amqp_events.celery.startup_warnings import (
+    warn_of_shared_limited_queues,
+    warn_of_time_limits,
+    warn_of_unverified_authors,
+)
 from amqp_events.celery.steps import breakers_of, consumes_in_processes
 from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
@@ -99,9 +105,12 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         install_limits(settings.max_body_bytes)
         warn_of_time_limits(self.app, self.pool)
         warn_of_unverified_authors(self.app.context)
+        warn_of_shared_limited_queues(self.app.context)
         on_its_loop = bool(coroutines) and runs_on_its_loop(self.pool)
         in_flight = settings.async_concurrency if on_its_loop else 0
         size_prefetch(self, settings.worker_prefetch_limit, len(self.app.amqp.queues.consume_from), in_flight)
+        runs_at_once = max(self.pool.limit if isinstance(self.pool, ThreadsPool) else 1, in_flight)
+        self.limited_queues = LimitedQueues(self, runs_at_once)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.consumed_queues = ConsumedQueues()
         self.waker = LoopWaker(self.hub) if self.hub is not None else None
@@ -230,9 +239,12 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
                 logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
                 return message.reject(requeue=True)
+            self.limited_queues.seen(queue)
             self.dispatcher.dispatch(message, queue, self.settler_of(message))
             return None
 
+        self.task_consumer.on_message = on_task_received  # what the limited queues' consumers deliver, from now
+        self.limited_queues.start()
         return on_task_received
 
     def on_message_of_no_queue(self, message: Message) -> None:
@@ -292,6 +304,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             revoked=Revoked(pool.shared) if hasattr(pool, "shared") else self.controller.state.revoked,
             bypass=in_process,
             events=bool(eventer and eventer.enabled),
+            timer=self.timer,
+            on_hold=lambda queue: self.call_soon(self.limited_queues.held, queue),
         )
 
     def hold_acks(self) -> None:
@@ -342,41 +356,6 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def _archive(self, message: Message, archive: Archive) -> None:
         self.archiver.take(message, self.settler_of(message), archive)
-
-
-def warn_of_unverified_authors(context: ServiceContext) -> None:
-    """Event ownership needs a verified author: a user of the service's own, which a shared user is not."""
-    identity = context.identity
-    if context.settings.event_ownership and not identity.verified:
-        logger.warning(
-            "event ownership is on, but this worker's RabbitMQ user %r stands for no service %r (name it in "
-            "amqp_events_service_users, or give the service a user of its own): a user shared by several services "
-            "tells none of them apart, so no author is verified and ownership is not checked",
-            identity.user,
-            context.name,
-        )
-
-
-def warn_of_time_limits(app: Any, pool: Any) -> None:
-    """Upstream: only the prefork pool enforces Celery's time limits; with the others they silently do nothing."""
-    if type(pool).__module__ == "celery.concurrency.prefork" or getattr(pool, "enforces_time_limits", False):
-        return
-    conf = app.conf
-    limited = sorted(
-        task.name
-        for task in app.event_handlers()
-        # a coroutine handler's soft time limit cancels it (asyncio), whatever the pool
-        if task.time_limit
-        or conf.task_time_limit
-        or ((task.soft_time_limit or conf.task_soft_time_limit) and not is_coroutine_handler(task.handler.function))
-    )
-    if limited:
-        logger.warning(
-            "time_limit/soft_time_limit of %s: the %s pool does not enforce them (prefork and the consuming pool "
-            "do); a handler runs until it returns",
-            ", ".join(limited),
-            type(pool).__module__.rsplit(".", 1)[-1],
-        )
 
 
 def declare_on_connect(context: ServiceContext, connection: Connection, consumed: Mapping[str, Any]) -> None:

@@ -34,7 +34,7 @@ from amqp_events.celery.running import run_here
 from amqp_events.celery.settling import Archiver
 from amqp_events.core import router
 from amqp_events.core.delivery import Settler
-from amqp_events.core.outcome import Ack
+from amqp_events.core.outcome import Ack, Hold
 from amqp_events.core.router import Run, decoded_delivery
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import Revoked
@@ -74,7 +74,9 @@ class Dispatcher:
     ``celery_path``: hands a message to Celery's own request path (``None``: there is none, every message runs
     here). ``executor``/``coroutines``: where plain and coroutine handlers run. ``ordered``: the ordered runner,
     made when first needed. ``revoked``: ids Celery's remote control revoked; ``bypass``: may messages skip
-    Celery's request path at all (not with the prefork pool); ``events``: are task events on (``-E``).
+    Celery's request path at all (not with the prefork pool); ``events``: are task events on (``-E``); ``timer``:
+    runs a message flow control holds again later (``call_after(seconds, function, args)``; ``None``: none is held),
+    and ``on_hold`` is told the queue of each (:mod:`amqp_events.celery.limited_queues`).
     """
 
     def __init__(
@@ -89,10 +91,12 @@ class Dispatcher:
         revoked: Container[str] = (),
         bypass: bool = True,
         events: bool = False,
+        timer: Any = None,
+        on_hold: Callable[[str], Any] | None = None,
     ) -> None:
         self.app, self.archiver, self.ordered_runner, self.hostname = app, archiver, ordered_runner, hostname
         self.celery_path, self.executor, self.coroutines = celery_path, executor, coroutines
-        self.revoked, self.bypass, self.events = revoked, bypass, events
+        self.revoked, self.bypass, self.events, self.timer, self.on_hold = revoked, bypass, events, timer, on_hold
         self.log_runs = app.context.settings.log_runs
 
     def dispatch(self, message: Any, queue: str, settler: Settler) -> router.Route:
@@ -122,10 +126,14 @@ class Dispatcher:
                     message.headers.update(argsrepr=saferepr(args, ARGSREPR), kwargsrepr=saferepr(kwargs, ARGSREPR))
                 self.celery_path(message)
         else:
-            run = self.run_batch if routed.batch else self.run
-            on_loop = self.coroutines is not None and is_coroutine_handler(handler.function)
-            (self.coroutines if on_loop else self.executor)(run, (task, message, settler))  # type: ignore[misc]
+            self.executor_of(handler)(self.run_batch if routed.batch else self.run, (task, message, settler))
         return routed
+
+    def executor_of(self, handler: Any) -> Executor:
+        """Where ``handler`` runs: the coroutine loop for a coroutine handler (where there is one), else the
+        executor."""
+        on_loop = self.coroutines is not None and is_coroutine_handler(handler.function)
+        return self.coroutines if on_loop and self.coroutines is not None else self.executor
 
     def needs_celery(self, task: Any) -> bool:
         """Does ``task``'s message need Celery's own request path (see the module's text)?"""
@@ -142,13 +150,19 @@ class Dispatcher:
             received_logger.info("Task %s[%s] received", task.name, delivery.event_id)
             started = time.monotonic()
         try:
-            outcome = run_here(self.app, task, delivery, message.delivery_info, self.hostname)
+            info, hold = message.delivery_info, self.timer is not None
+            outcome = run_here(self.app, task, delivery, info, self.hostname, hold)
         except Reject as exc:  # the handler rejected its message itself
             settler.requeue() if exc.requeue else settler.reject()
             return
         except Exception:  # settling failed (the broker went away): it comes back, counted as a failed attempt
             logger.exception("could not settle %s[%s]", task.name, message.headers.get("id"))
             settler.reject()
+            return
+        if isinstance(outcome, Hold):  # kept, unacked, and run again later
+            if self.on_hold is not None:
+                self.on_hold(task.handler.queue)
+            self.timer.call_after(outcome.seconds, self.executor_of(task.handler), (self.run, (task, message, settler)))
             return
         settler.ack(replaced=not isinstance(outcome, Ack))  # None: Celery's Retry (its copy sent) or Ignore
         if logged and isinstance(outcome, Ack):

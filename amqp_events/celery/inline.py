@@ -36,7 +36,9 @@ class InlineWorker:
         #: Ordered handlers' messages, run by the runner a worker's consumer has, on ``executor``.
         self.runner = OrderedRunner(lambda: app.context, executor)
         archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
-        self.dispatcher = Dispatcher(app, archiver, lambda: self.runner, self.hostname, celery_path=self._traced)
+        self.dispatcher = Dispatcher(
+            app, archiver, lambda: self.runner, self.hostname, celery_path=self._traced, timer=HeldRuns(executor)
+        )
 
     def run(
         self,
@@ -47,8 +49,9 @@ class InlineWorker:
         channel: Any,
     ) -> bool:
         """Run one message as the service's worker would; it ends acked or rejected on ``channel``
-        (``basic_ack``/``basic_reject``). True: an ordered handler's runner took it, to settle it in its turn
-        (behind the message of its key before it, or after its retry's delay)."""
+        (``basic_ack``/``basic_reject``). True: it is settled later: an ordered handler's runner took it, to settle
+        it in its turn (behind the message of its key before it, or after its retry's delay), or flow control holds
+        it, to run it again on the virtual clock."""
         message = Message(
             body=body,
             delivery_tag=delivery_info.get("delivery_tag", 1),
@@ -66,7 +69,7 @@ class InlineWorker:
             raise
         except BaseException as exc:
             raise lost_process(self.app, exc) from exc
-        return isinstance(routed, Run) and routed.handler.ordered
+        return isinstance(routed, Run) and (routed.handler.ordered or not channel.settled)
 
     def _traced(self, message: Message) -> None:
         """Celery's own request path, traced in this thread (where something configured needs it)."""
@@ -118,6 +121,16 @@ def lost_process(app: Any, exc: BaseException) -> NotModelled:
         f"a handler of {app.service!r} ended its process ({exc!r}): the in-process mode does not "
         "model lost worker processes; test that with real workers (amqp_events.testing.fixtures)"
     )
+
+
+class HeldRuns:
+    """The dispatcher's timer: a message flow control holds runs again on the executor's (virtual) clock."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+
+    def call_after(self, seconds: float, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.executor.call_after(seconds, lambda: function(*args), "held")
 
 
 class NoArchiveRetries:

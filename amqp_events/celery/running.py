@@ -15,8 +15,9 @@ from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
 
 
-def run_here(app: Any, task: Any, delivery: Delivery, delivery_info: Any, hostname: str) -> Any:
-    """Run ``task``'s handler for ``delivery`` through the handling pipeline; returns the outcome settled.
+def run_here(app: Any, task: Any, delivery: Delivery, delivery_info: Any, hostname: str, can_hold: bool = False) -> Any:
+    """Run ``task``'s handler for ``delivery`` through the handling pipeline; returns the outcome settled (``can_hold``:
+    the caller keeps a message flow control holds, and runs it again later).
 
     ``None``: the handler raised Celery's ``Ignore`` (or ``Retry``) itself. Upstream: a task's code finds
     itself on Celery's task stack, and a bound handler its ``self.request``, only if they are pushed here.
@@ -28,7 +29,7 @@ def run_here(app: Any, task: Any, delivery: Delivery, delivery_info: Any, hostna
         request = Context(delivery.headers, args=delivery.args, kwargs=delivery.kwargs, is_eager=False, **context)
         task.request_stack.push(request)
     try:
-        outcome, _ = handling.handle(app.context, handler, delivery, task.run)
+        outcome, _ = handling.handle(app.context, handler, delivery, task.run, can_hold)
         return outcome
     except (Ignore, Retry):
         return None

@@ -12,6 +12,7 @@ from amqp_events.errors import ManagementError
 from amqp_events.limits.operations import in_force, limited_handler, limits_set, set_limit
 from amqp_events.limits.options import limits_of
 from amqp_events.limits.overrides import KEEP, Override
+from amqp_events.limits.rates import Allowance
 from amqp_events.topology.limits import lease_names, limit_prefix, window
 
 
@@ -44,8 +45,10 @@ def limits_show(context: Context, as_json: bool) -> None:
         if found.concurrency is not None and found.concurrency_key is None:
             row["running"] = transport.leases_held(lease_names(prefix, found.concurrency))
         if found.rates and found.rate_key is None:
-            windows = {str(rate): window(prefix, rate.count, rate.seconds, False).queue for rate in found.rates}
-            row["started"] = {rate: _started(context, queue.name) for rate, queue in windows.items()}
+            row["started"] = {
+                _written(each): _started(context, window(prefix, each.count, each.millis, False, each.paced).queue.name)
+                for each in found.windows
+            }
         shown.append(row)
     if as_json:
         click.echo(json.dumps(shown, indent=2))
@@ -59,8 +62,14 @@ def limits_show(context: Context, as_json: bool) -> None:
         )
         if "running" in row:
             click.echo(f"  running now: {row['running']}")
-        for rate, count in dict(row.get("started", {})).items():  # type: ignore[call-overload]
-            click.echo(f"  started in the last window of {rate}: {'unknown' if count is None else count}")
+        for window_of, count in dict(row.get("started", {})).items():  # type: ignore[call-overload]
+            click.echo(f"  started in the last {window_of}: {'unknown' if count is None else count}")
+
+
+def _written(allowance: Allowance) -> str:
+    """A window as an operator reads it: ``1.2 s (paced, 1 at most)`` or ``60 s (60 at most)``."""
+    seconds = f"{allowance.millis / 1000:g} s"
+    return f"{seconds} ({'paced, ' if allowance.paced else ''}{allowance.count} at most)"
 
 
 def _started(context: Context, window: str) -> int | None:

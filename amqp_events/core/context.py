@@ -51,7 +51,7 @@ class Attempt:
     hooks in ``state``.
     """
 
-    __slots__ = ("call", "concluded", "context", "delivery", "handler", "kind", "state")
+    __slots__ = ("call", "can_hold", "concluded", "context", "delivery", "handler", "kind", "state")
 
     def __init__(
         self,
@@ -60,8 +60,12 @@ class Attempt:
         handler: Handler | None,
         kind: str,
         call: Callable[..., Any] | None = None,
+        can_hold: bool = False,
     ) -> None:
         self.context, self.delivery, self.handler, self.kind = context, delivery, handler, kind
+        #: Can the worker running it keep it unsettled and run it again later (a :class:`~amqp_events.core.outcome.
+        #: Hold`)? Celery's own request path cannot: a prefork child gives every message back settled.
+        self.can_hold = can_hold
         #: The handler's own function (``run`` attempts): what the innermost :data:`HandlerCall` calls.
         self.call = call
         self.state: dict[str, Any] = {}

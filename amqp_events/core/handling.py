@@ -62,13 +62,15 @@ def receive(context: ServiceContext, received: Received) -> Received:
 
 
 def handle(
-    context: ServiceContext, handler: Handler, delivery: Delivery, call: Callable[..., Any]
+    context: ServiceContext, handler: Handler, delivery: Delivery, call: Callable[..., Any], can_hold: bool = False
 ) -> tuple[Outcome, Any]:
     """Run ``handler``'s ``call`` for ``delivery`` and settle the outcome; returns it and what the call returned.
+    ``can_hold``: the caller can keep the message and run it again later (a :class:`~amqp_events.core.outcome.Hold`,
+    not settled).
 
     Exceptions of ``context.control_flow`` raised by the call pass through, unsettled.
     """
-    attempt = Attempt(context, delivery, handler, "run", call)
+    attempt = Attempt(context, delivery, handler, "run", call, can_hold)
     try:
         outcome: Outcome | None = None
         for before in context.middleware.before_handle:

@@ -87,7 +87,8 @@ Happened = Succeeded | Failed | Lost | CannotRun
 # -- outcomes ------------------------------------------------------------------
 #
 # Each outcome has one ``name``, the same in metrics (the ``outcome`` label), traces, logs and the in-process
-# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, over_limit, postponed, archived.
+# mode's records: success, skipped, retry_scheduled, redelivered, handed_back, over_limit, postponed, archived,
+# held.
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,17 @@ class SendToArchive:
     name = "archived"
 
 
+@dataclass(frozen=True)
+class Hold:
+    """Not settled yet: the worker keeps the message (unacked; its queue gives it no more meanwhile) and runs it
+    again in ``seconds``: flow control's wait for a start or a place, in the queue's order, never on the ladder."""
+
+    seconds: float
+    error: BaseException
+
+    name = "held"
+
+
 _REDELIVERY_NAMES = {
     "retry": "retry_scheduled",
     "redeliver": "redelivered",
@@ -137,7 +149,7 @@ _REDELIVERY_NAMES = {
     "over_limit": "over_limit",
     "defer": "postponed",
 }
-Outcome = Ack | Redeliver | SendToArchive
+Outcome = Ack | Redeliver | SendToArchive | Hold
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import logging
 from dataclasses import replace
 
 from amqp_events.core.context import Attempt, ServiceContext
-from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, archive
+from amqp_events.core.outcome import Ack, Hold, Outcome, Redeliver, SendToArchive, archive
 from amqp_events.errors import PublishRefused, TopologyMissing
 from amqp_events.wire.message import EVENT_KEY, OutgoingMessage, Reason
 from amqp_events.wire.parked import PARKS_KEY
@@ -31,7 +31,7 @@ def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
         outcome = before(attempt, outcome)
     if isinstance(outcome, SendToArchive) and attempt.handler is not None and attempt.handler.parks:
         outcome = parking_head(attempt, outcome)
-    if isinstance(outcome, Ack) or (isinstance(outcome, Redeliver) and is_ordered(attempt)):
+    if isinstance(outcome, Ack | Hold) or (isinstance(outcome, Redeliver) and is_ordered(attempt)):
         return outcome
     try:
         publish_routed(attempt.context, outcome.copy)

@@ -1,11 +1,17 @@
 """Flow control in the handling pipeline: before a limited handler runs, its run takes a lease (``concurrency=``)
 and a start in each window (``rate_limit=``); after it, the lease goes back.
 
-An event that finds its limit reached is not an attempt: it goes back to the broker unrun, its counters unchanged
-(:func:`~amqp_events.core.outcome.wait_over_limit`), to wait about as long as a place takes to free (the spacing of
-its rate; a moment for a lease) and come back to its handler's queue. The worker's breakers then stop taking that
-queue for as long (:meth:`~amqp_events.breakers.worker.WorkerBreakers.back_off`), so a backlog over its limit waits
-in the queue, not going round; a limit per key keeps the queue going for the other keys.
+An event that finds its limit reached is not an attempt (never retried, archived or counted as a failure for
+waiting). Where the worker can keep it (every pool but prefork's Celery path), it is held: unacked, in the worker
+that took it, whose queue gives it no more of that handler meanwhile, and tried again when a start or a place is
+likely free (exactly when this process's own last start stops being counted, else every tenth of a spacing, or
+every :data:`LEASE_WAIT`): the backlog stays in its queue, in order (:mod:`amqp_events.limits.waiting`). Otherwise,
+or once held too long, it goes back to the broker unrun through the service's own delay ladder, its counters
+unchanged (:func:`~amqp_events.core.outcome.wait_over_limit`).
+
+The shortest rate is counted paced (a second's worth of starts at once, or ``burst``: :mod:`~amqp_events.limits.
+rates`). A key is counted in its canonical form (:func:`~amqp_events.limits.options.limit_key`), its leases and
+windows shared by the keys of its bucket (``amqp_events_limit_keys``).
 
 An operator's limits set at run time (``amqp-events limits set``: :mod:`~amqp_events.limits.overrides`) are in
 force instead of the code's, in every worker, a moment after they are written.
@@ -24,20 +30,24 @@ from typing import Any
 
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import CannotRun, Outcome, decide, wait_over_limit
+from amqp_events.core.outcome import CannotRun, Hold, Outcome, decide, wait_over_limit
 from amqp_events.errors import BadArguments, LimitUnavailable, OverLimit
 from amqp_events.limits.operations import in_force
-from amqp_events.limits.options import Limits, limits_of
+from amqp_events.limits.options import Limits, limit_key, limits_of
 from amqp_events.limits.overrides import Override, decode
+from amqp_events.limits.waiting import KEYED_HOLD_SPACING, LONGEST_ASK, Waiting
 from amqp_events.metrics import record_limit_run, record_limit_start, record_limit_wait
 from amqp_events.settings import Settings
-from amqp_events.topology.limits import lease_names, limit_prefix, limit_settings, window
+from amqp_events.topology.limits import bucket_of, lease_names, limit_prefix, limit_settings, window
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
 
 #: Seconds an event waits when every lease of its handler (or key) is held: runs end at any moment.
-LEASE_WAIT = 1.0
+LEASE_WAIT = 0.5
+#: Seconds an event waits behind one held before it (in this process, or another of the worker) before it looks
+#: again: a look costs no broker round trip.
+BEHIND_WAIT = 0.05
 #: The longest an event over its rate waits at a time before it looks again (and a worker keeps off its handler's
 #: queue): the spacing of a long window's rate (``"1/d"``) says nothing of when its oldest start expires.
 LONGEST_WAIT = 60
@@ -54,6 +64,7 @@ class FlowControl(Middleware):
         #: The last table of limits set at run time that was read, and its rows.
         self._table: tuple[bytes | None, dict[str, Override]] = (None, {})
         self.hot_keys = HotKeys()
+        self.waiting = Waiting()
 
     @classmethod
     def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> Middleware | None:
@@ -63,19 +74,18 @@ class FlowControl(Middleware):
         handler = attempt.handler
         if handler is None or not limits_of(handler):
             return None
+        limits = self.limits_in_force(attempt, handler)
         try:
-            return _take(attempt, handler, self.limits_in_force(attempt, handler), self.hot_keys)
-        except LimitUnavailable as exc:  # not counted, so not run: it waits as an event over its limit does
-            logger.warning("%s: an event of %s waits %ss", exc, handler.name, UNAVAILABLE_WAIT)
-            _release(attempt)
-            return _wait(attempt, str(exc), UNAVAILABLE_WAIT, False)
-        except BadArguments as exc:  # no key in its arguments: it can never run
+            return Take(attempt, handler, limits, self).outcome()
+        except BadArguments as exc:  # no key in its arguments, or one of no canonical form: it can never run
             context = attempt.context
             cannot = CannotRun(Reason.BAD_ARGUMENTS, exc)
             return decide(attempt.delivery, cannot, context.handling(handler), context.now())
 
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
         _release(attempt)
+        if attempt.handler is not None and not isinstance(outcome, Hold):  # settled, by whichever step: not waiting
+            self.waiting.leave(attempt.handler.task_name, event_of(attempt))
 
     def limits_in_force(self, attempt: Attempt, handler: Handler) -> Limits:
         """``handler``'s limits: its code's, or those an operator set at run time."""
@@ -90,31 +100,81 @@ class FlowControl(Middleware):
         return in_force(handler, self._table[1])
 
 
-def _take(attempt: Attempt, handler: Handler, limits: Limits, hot_keys: HotKeys) -> Outcome | None:
-    """Take what a run of ``handler`` needs: ``None`` when it may start, else the outcome of its wait."""
-    context, delivery = attempt.context, attempt.delivery
-    service = context.name
-    args: tuple[Any, ...] = tuple(delivery.args)
-    kwargs: dict[str, Any] = dict(delivery.kwargs)
-    transport = context.transport
-    if limits.concurrency is not None:
-        key = limits.concurrency_key(args, kwargs) if limits.concurrency_key else None
-        lease = transport.hold(lease_names(limit_prefix(context.name, handler.task_name, key), limits.concurrency))
-        if lease is None:
-            record_limit_wait(service, handler.name, "concurrency", hot_keys.label(handler.name, key))
-            why = f"{limits.concurrency} run(s) of {handler.name} at once{_of(key)}"
-            return _wait(attempt, why, LEASE_WAIT, key is not None)
-        attempt.state[LEASE] = lease
-        record_limit_run(service, handler.name, 1)
-    for rate in limits.rates:
-        key = limits.rate_key(args, kwargs) if limits.rate_key else None
-        prefix = limit_prefix(context.name, handler.task_name, key)
-        if not transport.admit(window(prefix, rate.count, rate.seconds, key is not None)):
-            _release(attempt)
-            record_limit_wait(service, handler.name, "rate", hot_keys.label(handler.name, key))
-            return _wait(attempt, f"{rate} runs of {handler.name} started{_of(key)}", rate.spacing, key is not None)
-    record_limit_start(service, handler.name)
-    return None
+class Take:
+    """Taking what one run of a limited handler needs, or the outcome of its wait."""
+
+    def __init__(self, attempt: Attempt, handler: Handler, limits: Limits, control: FlowControl) -> None:
+        self.attempt, self.handler, self.limits, self.control = attempt, handler, limits, control
+        delivery = attempt.delivery
+        self.args: tuple[Any, ...] = tuple(delivery.args)
+        self.kwargs: dict[str, Any] = dict(delivery.kwargs)
+        buckets = attempt.context.settings.limit_keys
+        self.concurrency_key = self._key(limits.concurrency_key)
+        self.rate_key = self._key(limits.rate_key)
+        self.keyed = self.concurrency_key is not None or self.rate_key is not None
+        self.line = str(bucket_of(f"{self.concurrency_key}|{self.rate_key}", buckets)) if self.keyed else ""
+        self.event = event_of(attempt)
+
+    def _key(self, key: Any) -> str | None:
+        return None if key is None else limit_key(key(self.args, self.kwargs))
+
+    def outcome(self) -> Outcome | None:
+        """``None`` when the run may start (what it took is noted on the attempt), else how it waits."""
+        waiting, task, now = self.control.waiting, self.handler.task_name, self.attempt.context.now().timestamp()
+        if self.attempt.can_hold and not waiting.arrive(task, self.line, self.event, now):  # behind an earlier one
+            return self.wait("an earlier event waits", BEHIND_WAIT, now)
+        try:
+            refused = self.take(now)
+        except LimitUnavailable as exc:  # not counted, so not run: it waits as an event over its limit does
+            logger.warning("%s: an event of %s waits %ss", exc, self.handler.name, UNAVAILABLE_WAIT)
+            _release(self.attempt)
+            return self.wait(str(exc), UNAVAILABLE_WAIT, now)
+        if refused is None:
+            waiting.leave(task, self.event)
+            record_limit_start(self.attempt.context.name, self.handler.name)
+            return None
+        why, seconds, spacing = refused
+        return self.wait(why, seconds, now, spacing)
+
+    def take(self, now: float) -> tuple[str, float, float] | None:
+        """Take a lease and a start in each window: ``None`` when all were taken, else why not, how long a place
+        takes to free, and the spacing of the window that refused (0: a lease)."""
+        context, limits, handler = self.attempt.context, self.limits, self.handler
+        transport, service, buckets = context.transport, context.name, context.settings.limit_keys
+        hot_keys = self.control.hot_keys
+        if limits.concurrency is not None:
+            prefix = limit_prefix(service, handler.task_name, self.concurrency_key, buckets)
+            lease = transport.hold(lease_names(prefix, limits.concurrency))
+            if lease is None:
+                record_limit_wait(
+                    service, handler.name, "concurrency", hot_keys.label(handler.name, self.concurrency_key)
+                )
+                why = f"{limits.concurrency} run(s) of {handler.name} at once{_of(self.concurrency_key)}"
+                return why, LEASE_WAIT, 0
+            self.attempt.state[LEASE] = lease
+            record_limit_run(service, handler.name, 1)
+        prefix = limit_prefix(service, handler.task_name, self.rate_key, buckets)
+        for number, allowance in enumerate(limits.windows):
+            counted = window(prefix, allowance.count, allowance.millis, self.rate_key is not None, allowance.paced)
+            told = handler.task_name if number == 0 and self.rate_key is None else ""  # the worker's other processes
+            if not transport.admit(counted):
+                _release(self.attempt)
+                record_limit_wait(service, handler.name, "rate", hot_keys.label(handler.name, self.rate_key))
+                wait = self.control.waiting.until_free(counted.queue.name, allowance.spacing, now, told)
+                why = f"{allowance.count} run(s) of {handler.name} started in {allowance.millis / 1000:g}s"
+                return why + _of(self.rate_key), wait, allowance.spacing
+            self.control.waiting.started(counted.queue.name, counted.lasts, now, told)
+        return None
+
+    def wait(self, why: str, seconds: float, now: float, spacing: float = 0) -> Outcome:
+        """Held here when the worker can (:mod:`~amqp_events.limits.waiting`), else on the service's own ladder."""
+        attempt, waiting, task = self.attempt, self.control.waiting, self.handler.task_name
+        soon = not self.keyed or spacing < KEYED_HOLD_SPACING
+        if attempt.can_hold and soon and waiting.may_hold(task, self.line, self.event, now):
+            seconds = waiting.hold(task, self.line, self.event, now, min(LONGEST_ASK, seconds))
+            return Hold(seconds, OverLimit(f"over its limit ({why}): held, in its turn", seconds, self.keyed))
+        waiting.leave(task, self.event)
+        return _wait(attempt, why, seconds, self.keyed)
 
 
 class HotKeys:
@@ -141,6 +201,12 @@ class HotKeys:
             named.add(text)
             return text
         return "other"
+
+
+def event_of(attempt: Attempt) -> str:
+    """One attempt's event, as it waits in a line (a retry or a lost run's copy is another)."""
+    delivery = attempt.delivery
+    return f"{delivery.event_id}|{delivery.retries}|{delivery.lost_runs}"
 
 
 def _of(key: Any) -> str:

@@ -13,7 +13,9 @@ from typing import Any, TypedDict
 
 from amqp_events.core.handler import Handler, KeyOption, argument_key
 from amqp_events.core.options import HandlerOptions
-from amqp_events.limits.rates import Rate, parse_rates
+from amqp_events.errors import BadArguments
+from amqp_events.limits.rates import Allowance, Rate, allowances, parse_rates
+from amqp_events.wire.message import event_key
 
 Key = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
@@ -28,6 +30,13 @@ class Limits:
     #: At most ``count`` runs started in any ``seconds``, for each (per key, with ``rate_key``).
     rates: tuple[Rate, ...] = ()
     rate_key: Key | None = None
+    #: Starts of the shortest rate that may come at once (1: evenly, one every spacing; its count: a whole window).
+    burst: int = 1
+
+    @property
+    def windows(self) -> tuple[Allowance, ...]:
+        """The windows on the broker that count the rates (:func:`~amqp_events.limits.rates.allowances`)."""
+        return allowances(self.rates, self.burst)
 
     def __bool__(self) -> bool:
         return self.concurrency is not None or bool(self.rates)
@@ -39,6 +48,8 @@ class Limits:
             parts.append(f"concurrency {self.concurrency}{' per key' if self.concurrency_key else ''}")
         if self.rates:
             parts.append(", ".join(map(str, self.rates)) + (" per key" if self.rate_key else ""))
+            if self.burst > 1:
+                parts.append(f"burst {self.burst}")
         return "; ".join(parts)
 
 
@@ -52,12 +63,23 @@ def concurrency_refusal(concurrency: Any) -> str | None:
     return None
 
 
+def burst_refusal(burst: Any) -> str | None:
+    """Why ``burst`` is no number of starts at once (``None``: it is one, or none is given)."""
+    if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int) or burst < 1):
+        return f"= takes a whole number of starts at once, at least 1, not {burst!r}"
+    return None
+
+
 def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
-    concurrency, rate_limit = options["concurrency"], options["rate_limit"]
+    concurrency, rate_limit, burst = options["concurrency"], options["rate_limit"], options["burst"]
     concurrency_key, rate_key = options["concurrency_key"], options["rate_limit_key"]
     wrong = concurrency_refusal(concurrency)
     if wrong:
         raise TypeError(f"{handler.name}: concurrency{wrong}")
+    if burst_refusal(burst):
+        raise TypeError(f"{handler.name}: burst{burst_refusal(burst)}")
+    if burst is not None and rate_limit is None:
+        raise TypeError(f"{handler.name}: burst= needs the rate it lets come at once (rate_limit=)")
     try:
         rates = parse_rates(rate_limit) if rate_limit is not None else ()
     except ValueError as exc:
@@ -70,6 +92,7 @@ def _check(handler: Handler, options: Mapping[str, Any]) -> Mapping[str, Any]:
         _key(handler, "concurrency_key", concurrency_key),
         rates,
         _key(handler, "rate_limit_key", rate_key),
+        burst or 1,
     )
     if limits and handler.ordered:
         raise TypeError(
@@ -94,10 +117,14 @@ class LimitOptions(TypedDict, total=False):
     rate_limit: str | None
     #: The key the rate is counted by (an argument's name, or a callable of the arguments).
     rate_limit_key: KeyOption | None
+    #: How many starts of the rate may come at once (default 1: evenly, one every 1.2 s at ``"50/m"``).
+    burst: int | None
 
 
 LIMIT_OPTIONS = HandlerOptions(
-    "limits", {"concurrency": None, "concurrency_key": None, "rate_limit": None, "rate_limit_key": None}, _check
+    "limits",
+    {"concurrency": None, "concurrency_key": None, "rate_limit": None, "rate_limit_key": None, "burst": None},
+    _check,
 )
 
 
@@ -108,3 +135,13 @@ def limits_of(handler: Handler) -> Limits:
 
 
 NO_LIMITS = Limits()
+
+
+def limit_key(value: Any) -> str:
+    """A limit's key in its one canonical form: a string of 1 to 255 characters as it is, an integer written in
+    decimal (``42`` and ``"42"`` are one key); anything else (``42.0``, ``[42]``, ``None``) is refused
+    (:class:`~amqp_events.errors.BadArguments`: the event is archived, it can never run)."""
+    try:
+        return event_key(value)
+    except ValueError as exc:
+        raise BadArguments(f"a limit's key {str(exc).removeprefix('an event key ')}") from None

@@ -1,7 +1,11 @@
-"""Rate limits as written (``"50/m"``, ``"10/s,100000/d"``): a number of starts per window. Pure."""
+"""Rate limits as written (``"50/m"``, ``"10/s,100000/d"``): a number of starts per window, and the windows that
+count them (:func:`allowances`: the shortest one paced, so that its starts come evenly, ``burst`` at most at once).
+Pure."""
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass
 
@@ -47,3 +51,50 @@ def parse_rates(written: str) -> tuple[Rate, ...]:
     if len({rate.seconds for rate in rates}) < len(rates):
         raise ValueError(f"{written!r} gives one window twice")
     return tuple(sorted(rates, key=lambda rate: rate.seconds))
+
+
+#: The grain of an even pace: the shortest rate's starts come at most this many milliseconds' worth at once.
+PACE_MILLIS = 1000
+
+
+@dataclass(frozen=True, order=True)
+class Allowance:
+    """At most ``count`` starts in any ``millis`` milliseconds: what one window on the broker counts. ``paced``: it
+    spreads a longer rate's starts (:func:`allowances`), which a start counted a hundredth longer keeps exact."""
+
+    count: int
+    millis: int
+    paced: bool = False
+
+    @property
+    def spacing(self) -> float:
+        """Seconds between two starts when they come evenly."""
+        return self.millis / 1000 / self.count
+
+
+@functools.lru_cache(maxsize=1024)  # asked for each run of a limited handler
+def allowances(rates: tuple[Rate, ...], burst: int = 1) -> tuple[Allowance, ...]:
+    """The windows that count ``rates``. The shortest is paced: its starts come evenly, a second's worth at most at
+    once (``"50/m"``: one in any 1.2 s; ``"600/m"``: ten in any second), or ``burst`` of them if more, so that a
+    backlog does not start a whole window's worth at once and then nothing. The longer ones are counted as written
+    (``"10/s,100000/d"``: the day's count is a cap over the paced seconds). A rate of a second or less, or a
+    ``burst`` of its whole count, is counted as written."""
+    found = [Allowance(rate.count, rate.seconds * 1000) for rate in rates]
+    if not found:
+        return ()
+    shortest = found[0]  # parse_rates sorts them by their window
+    wanted = max(burst, -(-shortest.count * PACE_MILLIS // shortest.millis))  # a second's worth, rounded up
+    if wanted >= shortest.count:
+        return tuple(found)
+    # Paced by a count that divides the rate's, its window holds whole paces: "3/2s" paced by 2 at a time would let
+    # 4 start in some 2 s. When no divisor comes near, the rate as written stays beside the pace, as a cap.
+    count = _largest_divisor(shortest.count, wanted)
+    if 2 * count >= wanted:
+        return (Allowance(count, -(-shortest.millis * count // shortest.count), paced=True), *found[1:])
+    return (Allowance(wanted, -(-wanted * shortest.millis // shortest.count), paced=True), *found)
+
+
+def _largest_divisor(number: int, at_most: int) -> int:
+    """The largest divisor of ``number`` that is at most ``at_most``."""
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return max(d for d in (*small, *(number // d for d in small)) if d <= at_most)

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from amqp_events.core.context import Attempt, Firing, Middleware, Replay
-from amqp_events.core.outcome import Ack, Outcome, Redeliver
+from amqp_events.core.outcome import Ack, Hold, Outcome, Redeliver
 from amqp_events.core.settle import describe
 from amqp_events.errors import ProcessStopping
 from amqp_events.middleware.tracing import log_fields
@@ -46,6 +46,7 @@ _SAID = {
     "over_limit": ("waiting, over its limit", logging.DEBUG),
     "postponed": ("postponed until its eta", logging.INFO),
     "archived": ("archived", logging.WARNING),
+    "held": ("held, over its limit", logging.DEBUG),
 }
 
 
@@ -93,6 +94,8 @@ class EventLog(Middleware):
         fields: dict[str, Any] = {}
         if isinstance(outcome, Redeliver):
             fields = {"delay": outcome.delay, "error": describe(outcome.error)}
+        elif isinstance(outcome, Hold):
+            fields = {"wait": f"{outcome.seconds:.3f}", "error": describe(outcome.error)}
         elif not isinstance(outcome, Ack):
             fields = {"reason": outcome.reason, "error": describe(outcome.error)}
             if attempt.handler is None:  # no handler could take it: an error of whoever sent it

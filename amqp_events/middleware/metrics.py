@@ -29,6 +29,7 @@ OUTCOMES = (
     "redelivered",
     "handed_back",
     "over_limit",
+    "held",
     "postponed",
     "archived",
 )

@@ -23,7 +23,7 @@ from typing import Any
 
 from amqp_events.core.context import Attempt, Firing, Middleware, Replay
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Ack, Outcome, Redeliver
+from amqp_events.core.outcome import Ack, Hold, Outcome, Redeliver
 from amqp_events.settings import Settings
 from amqp_events.wire.archive_headers import ARCHIVE_TRACEPARENT, REPLAY_TRACEPARENT
 from amqp_events.wire.message import DUE_AT, FIRED_BY, event_id, queue_wait
@@ -170,7 +170,7 @@ class Tracing(Middleware):
         if span is None:
             return outcome
         span.set_attribute("amqp_events.outcome", outcome.name)
-        if isinstance(outcome, Ack):
+        if isinstance(outcome, Ack | Hold):  # held: its span is the run's, when it runs
             return outcome
         if isinstance(outcome, Redeliver):
             span.set_attribute("amqp_events.retry_delay_seconds", outcome.delay)

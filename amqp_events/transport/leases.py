@@ -31,7 +31,7 @@ from typing import Any
 
 from amqp import Message
 from amqp.exceptions import ConnectionError as AMQPConnectionError
-from amqp.exceptions import MessageNacked, NotFound, ResourceLocked
+from amqp.exceptions import MessageNacked, NotFound, PreconditionFailed, ResourceLocked
 from kombu import Connection, Queue
 from kombu.exceptions import OperationalError
 
@@ -72,8 +72,8 @@ class Ahead:
 
     def took(self, asked: int, taken: int, at: float) -> None:
         """``taken`` of the ``asked`` starts were counted (asked for at ``at``), one of them for the run now."""
-        self.left, self.until = max(0, taken - 1), at + self.seconds
-        if taken < asked:  # the window is (nearly) full: one at a time
+        self.left, self.until = max(0, taken - 1), at + self.seconds if taken else 0.0
+        if taken < asked:  # the window is (nearly) full: one at a time (a refusal is no run of starts used up)
             self.asking = 1
 
 
@@ -170,10 +170,17 @@ class Leases:
             try:
                 return self._admit(window)
             except NotFound as exc:  # its node is down: the broker closed the channel, not the connection
-                self._counting = None
-                self._declared.pop(window.queue.name, None)
-                unavailable = str(exc)
-        raise LimitUnavailable(f"the window {window.queue.name!r} cannot be reached: {unavailable}")
+                unavailable = f"the window {window.queue.name!r} cannot be reached: {exc}"
+            except PreconditionFailed as exc:  # declared by another version, or by hand: it must be deleted
+                vhost = getattr(self._connection, "virtual_host", "/")
+                unavailable = (
+                    f"the window {window.queue.name!r} exists with other arguments than this version gives it "
+                    f"({exc}); its starts are counted for a window's time only, so delete it and the workers declare "
+                    f"it anew: rabbitmqctl delete_queue -p {vhost} {window.queue.name}"
+                )
+            self._counting = None  # the broker closed the channel, not the connection
+            self._declared.pop(window.queue.name, None)
+        raise LimitUnavailable(unavailable)
 
     def _admit(self, window: Window) -> bool:
         self._open()  # first: a forked child forgets its parent's starts

@@ -42,3 +42,8 @@ def per_key(n, key):
     mark("per_key", n, "start", key=key)
     time.sleep(RUN)
     mark("per_key", n, "end", key=key)
+
+
+@app.handler("bench.per_key_rate", rate_limit=os.environ.get("KEY_RATE") or "600/m", rate_limit_key="key")
+def per_key_rate(n, key):
+    mark("per_key_rate", n, "start", key=key)

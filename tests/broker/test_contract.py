@@ -402,18 +402,19 @@ def test_a_named_handler_s_archived_event_names_it_and_its_replay_runs_it_alone(
     assert mode.archive("accounts").count() == 0
 
 
-def test_a_rate_limit_spreads_a_burst_over_its_windows_and_waiting_is_never_an_attempt(mode, records):
-    mode.start("mailer", env={"RATE": "10/3s"})
-    for n in range(25):
+def test_a_rate_limit_paces_a_burst_in_the_order_fired_and_waiting_is_never_an_attempt(mode, records):
+    mode.start("mailer", env={"RATE": "5/3s"})  # paced: one start in any 0.6 s
+    for n in range(15):
         mode.producer.fire("mail.paced", [], {"n": n})
-    mode.until(lambda: len(records.all(service="mailer", handler="paced")) >= 25, timeout=120)
-    starts = records.all(service="mailer", handler="paced")
-    assert sorted(run["n"] for run in starts) == list(range(25))  # each once
+    mode.until(lambda: len(records.all(service="mailer", handler="paced")) >= 15, timeout=120)
+    starts = sorted(records.all(service="mailer", handler="paced"), key=lambda run: run["time"])
+    # Each once, in the order fired: by one worker, whether of one process or (as typed) of two.
+    assert [run["n"] for run in starts] == list(range(15))
     assert {run["attempt"] for run in starts} == {1}
-    times = sorted(run["time"] for run in starts)
+    times = [run["time"] for run in starts]
+    most_in = lambda seconds: max(sum(1 for t in times if first <= t < first + seconds) for first in times)  # noqa: E731
     # In-process the window is exact; on the broker a start is recorded a moment after the broker counted it.
-    window = 3.0 if mode.exact_times else 2.5
-    assert max(sum(1 for t in times if first <= t < first + window) for first in times) == 10
+    assert most_in(3.0 if mode.exact_times else 2.5) == 5 and most_in(0.5) == 1
 
 
 def test_concurrency_per_key_runs_one_at_a_time_per_account_and_each_event_once(mode, records):

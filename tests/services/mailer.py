@@ -13,6 +13,7 @@ app = events_app(
     broker_url=os.environ["BROKER_URL"],
     amqp_events_heartbeat_interval=float(os.environ.get("HEARTBEAT_INTERVAL", "5")),
     amqp_events_max_deliveries=int(os.environ.get("MAX_DELIVERIES", "3")),
+    amqp_events_limit_keys=int(os.environ.get("LIMIT_KEYS", "256")),
 )
 
 
@@ -34,6 +35,16 @@ def per_account(account: str, n: int, sleep: float = 0.0) -> None:
     run("per_account", n, sleep, False, account=account)
 
 
-@app.handler("mail.paced", rate_limit=os.environ.get("RATE", "10/5s"))
-def paced(n: int) -> None:
+@app.handler(
+    "mail.paced",
+    rate_limit=os.environ.get("RATE", "10/5s"),
+    burst=int(os.environ["BURST"]) if "BURST" in os.environ else None,
+)
+def paced(n: int, sleep: float = 0.0) -> None:
     record("mailer", tag="start", handler="paced", n=n)
+    time.sleep(sleep)
+
+
+@app.handler("mail.per_key_paced", rate_limit=os.environ.get("KEY_RATE", "60/m"), rate_limit_key="account")
+def per_key_paced(account: str, n: int) -> None:
+    record("mailer", tag="start", handler="per_key_paced", n=n, account=account)

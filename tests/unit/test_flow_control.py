@@ -4,6 +4,7 @@ its virtual clock. Over the fleet, on RabbitMQ: ``tests/broker/test_flow_control
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import logging
 from collections import Counter
@@ -102,7 +103,7 @@ def test_celery_s_app_wide_rate_limits_never_reach_a_handler_and_say_why(caplog)
     app.close()
 
 
-def test_200_events_at_50_a_minute_take_4_minutes_on_the_virtual_clock_and_no_minute_has_more(mailer):
+def test_200_events_at_50_a_minute_start_one_every_1_2_s_in_order_on_the_virtual_clock_and_no_minute_has_more(mailer):
     @mailer.event("mail.requested")
     def requested(n: int) -> None: ...
 
@@ -115,12 +116,15 @@ def test_200_events_at_50_a_minute_take_4_minutes_on_the_virtual_clock_and_no_mi
         took = events.drain()
         runs = [run for run in events.handled("mailer") if run.outcome == "success"]
         waits = [run for run in events.runs if run.outcome != "success"]
-    assert sorted(run.kwargs["n"] for run in runs) == list(range(200))  # each once
-    assert 180 <= took <= 240 + 10  # the 4th minute's 50 start after 3 minutes
-    starts = sorted(run.at for run in runs)
+    assert [run.kwargs["n"] for run in runs] == list(range(200))  # each once, in the order fired
+    assert 199 * 1.2 <= took <= 199 * 1.2 * 1.03  # paced: one start every 1.2 s (and its hundredth)
+    starts = [run.at for run in runs]
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(starts)]
+    assert min(gaps) >= 1.2 and max(gaps) <= 1.2 * 1.03  # evenly, not 50 at once and then nothing
     for first in starts:  # every 60-second window from a start holds at most 50
         assert sum(1 for at in starts if 0 <= (at - first).total_seconds() < 60) <= 50
-    assert {run.outcome for run in waits} == {"over_limit"}  # a wait is not an attempt: never a retry
+    # A wait is not an attempt (never a retry), and it waits held by the worker, never on the delay ladder.
+    assert {run.outcome for run in waits} == {"held"}
     assert {run.attempt for run in runs} == {1}
 
 
@@ -136,10 +140,11 @@ def test_a_rate_per_key_holds_each_key_back_and_lets_the_others_go(mailer):
             requested("hot", n)
         requested("cold", 0)
         first = Counter(run.kwargs["account"] for run in events.handled("mailer") if run.outcome == "success")
-        assert first == {"hot": 2, "cold": 1}  # the cold account is not held up behind the hot one
-        assert 120 <= events.drain() <= 190
+        assert first == {"hot": 1, "cold": 1}  # the cold account is not held up behind the hot one
+        assert 5 * 30 <= events.drain() <= 5 * 30 * 1.03  # paced: one start of a key every 30 s
         ran = [run for run in events.handled("mailer") if run.outcome == "success"]
     assert Counter(run.kwargs["account"] for run in ran) == {"hot": 6, "cold": 1}
+    assert [run.kwargs["n"] for run in ran if run.kwargs["account"] == "hot"] == list(range(6))  # in order
 
 
 def test_an_event_without_its_key_is_archived_as_bad_arguments(mailer):
@@ -290,14 +295,20 @@ def test_a_process_takes_more_starts_ahead_while_it_uses_them_all_and_fewer_when
     assert not ahead.use(5.0) and ahead.asking == 32  # a pause: what was left went unused
     ahead.took(32, 5, 5.0)  # the window had room for 5 only
     assert ahead.asking == 1
+    ahead.took(1, 0, 6.0)  # refused: no start was taken, none was used up
+    assert not ahead.use(6.1) and ahead.asking == 1  # so the next ask is for one again, not two
 
 
 def test_a_window_is_bounded_in_bytes_and_large_ones_are_taken_several_starts_at_a_time():
-    limited = window("mailer.limit.t", 10, 60, False)
+    limited = window("mailer.limit.t", 10, 60_000, False)
+    assert limited.queue.name == "mailer.limit.t.10per60s"
     assert limited.queue.queue_arguments["x-max-length-bytes"] == 10
     assert limited.queue.queue_arguments["x-overflow"] == "reject-publish"
     assert limited.queue.queue_arguments["x-message-ttl"] == 60_000 + 2 * 1000  # a slack to begin, one to be used
     assert (limited.most_ahead, limited.ahead_seconds) == (1, 1.0)
-    assert window("mailer.limit.t", 1000, 60, False).most_ahead == 62
-    assert window("mailer.limit.t", 100_000, 1, False).most_ahead == 64
-    assert window("mailer.limit.t", 100, 1, False).ahead_seconds == 0.02
+    assert window("mailer.limit.t", 1000, 60_000, False).most_ahead == 62
+    assert window("mailer.limit.t", 100_000, 1000, False).most_ahead == 64
+    assert window("mailer.limit.t", 100, 1000, False).ahead_seconds == 0.02
+    paced = window("mailer.limit.t", 1, 1200, False, paced=True)  # "50/m", one in any 1.2 s
+    assert paced.queue.name == "mailer.limit.t.1per1200ms"
+    assert paced.queue.queue_arguments["x-message-ttl"] == 1200 + 2 * 12 and paced.lasts == 1.224

@@ -35,6 +35,7 @@ from kombu.asynchronous import set_event_loop
 from amqp_events.breakers.worker import TICK
 from amqp_events.celery.health import HealthProbes
 from amqp_events.celery.pool.shared import Shared, SlotRuns, run_key
+from amqp_events.celery.pool.turns import SharedTurns
 from amqp_events.celery.steps import (
     BreakerControl,
     BreakerState,
@@ -51,6 +52,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Lost, Outcome, decide, requeue_later
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import ProcessStopping
+from amqp_events.limits.waiting import Waiting
 from amqp_events.wire.message import X_DELIVERY_COUNT, delivery_count, json_text
 
 logger = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ def serve(app: Any, assignment: Assignment) -> None:
     app.steps["consumer"].difference_update(consumer_steps)
     app.steps["consumer"].add(FollowMainProcess)
     ProcessPool.shared, ProcessPool.slot = assignment.shared, assignment.slot
+    Waiting.peers = SharedTurns(assignment.shared, assignment.slot)  # the longest waiting event asks first
     stopping = Stopping()
     app.add_middleware(ProcessLimits(app, assignment, stopping))  # before the worker reads the app's context
     stopping.worker = app.WorkController(

@@ -15,6 +15,7 @@
   ``inspect active`` shows it (its task, id, start and the first bytes of its body), the runs each process ended
   by handler (``inspect stats``), each process's prefetch; and what it steers: the ids revoked (the
   :data:`REVOKED_KEPT` latest), each handler's time limits, the processes the pool keeps.
+* Since when each process holds an event waiting for its handler's limit (:mod:`amqp_events.celery.pool.turns`).
 
 Each process writes its own slot only; the lost runs and the revoked ids are shared by all, under a lock.
 """
@@ -93,6 +94,10 @@ class Shared:
         self.revoked_next = multiprocessing.RawValue("i", 0)
         #: Counts every revocation: a process reads the ids again when it changed.
         self.revoked_generation = multiprocessing.RawValue("i", 0)
+        #: Per slot and handler: since when (wall clock) the slot holds an event over the handler's limit, 0: none.
+        self.waiting_since = multiprocessing.RawArray("d", slots * max(1, len(self.handlers)))
+        #: Per handler: when the last start its processes took in its first window stops being counted there.
+        self.frees_at = multiprocessing.RawArray("d", max(1, len(self.handlers)))
         #: Each handler's (soft, hard) time limits in seconds, 0: none (``celery control time_limit`` sets them).
         given = dict(enumerate(limits))
         self.soft = multiprocessing.RawArray(
@@ -116,6 +121,8 @@ class Shared:
         """The process of ``slot`` died: its runs in progress are lost runs now."""
         self.deadline[slot] = 0.0
         self.consuming[slot] = 0
+        width = max(1, len(self.handlers))
+        self.waiting_since[slot * width : (slot + 1) * width] = [0.0] * width  # what it held went back
         with self.lock:
             self.ended.value += 1
             keys = [key for key in _entries(self.runs[slot], RUNS_PER_SLOT) if key]

@@ -45,6 +45,7 @@ from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
 from amqp_events.errors import NotModelled, Refused, UnhandledEvent
 from amqp_events.metrics import AVAILABLE as METRICS
 from amqp_events.middleware.metrics import HandlerMetrics
+from amqp_events.testing.in_process.prefetch import Prefetch
 from amqp_events.testing.in_process.records import FiredEvent, Run, VirtualClock, Waiting
 from amqp_events.testing.in_process.transport import InProcessTransport, MemoryChannel
 from amqp_events.testing.in_process.virtual_timers import VirtualTimers
@@ -81,6 +82,7 @@ class InProcess:
         self.timers = VirtualTimers(self.clock.now)
         #: Each consumed queue's worker.
         self.workers: dict[str, InlineWorker] = {}
+        self.prefetch = Prefetch()
         for app in apps:
             self._add(app)
         #: The events some service of the test handles.
@@ -104,6 +106,7 @@ class InProcess:
         worker = InlineWorker(app, self.timers)
         for queue in topology.event_queues:
             self.workers[queue.name] = worker
+            self.prefetch.add(app.context, queue.name)
 
     def _consumers(self) -> Iterator[tuple[str, EventsApp]]:
         return ((queue, worker.app) for queue, worker in self.workers.items())
@@ -194,7 +197,7 @@ class InProcess:
 
     def _run_due(self) -> None:
         for _ in range(MAX_RUNS_AT_ONCE):
-            taken = self.broker.oldest(list(self.workers))
+            taken = self.broker.oldest(self.prefetch.consumable(self.workers))
             if taken is None:
                 return
             queue, envelope = taken
@@ -215,6 +218,8 @@ class InProcess:
         }
         worker = self.workers[queue]
         later = worker.run(envelope.body, envelope.headers, envelope.properties, info, channel)
+        if not channel.settled:
+            self.prefetch.taken(queue, channel)
         if not channel.settled and not later:
             service = worker.app.service
             raise RuntimeError(f"the worker of {service!r} neither acked nor rejected {envelope.headers}")
@@ -242,8 +247,10 @@ class InProcess:
         return Archive(self.apps[service].context)
 
     def waiting(self) -> list[Waiting]:
-        """Messages not handled yet, oldest first: in services' queues, or waiting out a delay."""
-        found = []
+        """Messages not handled yet, oldest first: held by a worker (over their limit), in services' queues, or
+        waiting out a delay."""
+        held = [channel for channels in self.prefetch.held.values() for channel in channels if not channel.settled]
+        found = [Waiting(event_name(c.envelope.headers), event_id(c.envelope.headers), c.queue, None) for c in held]
         for queue in self.broker.queues.values():
             ladder = delays.is_ladder_level(queue.name)
             if queue.name not in self.workers and not ladder:
