@@ -129,6 +129,11 @@ class UnknownService(AmqpEventsError, LookupError):
     """No service of that name on the vhost (none has a queue ``<service>.archive``)."""
 
 
+class AlreadySettled(AmqpEventsError, RuntimeError):
+    """A message was answered twice (ack, requeue, reject): the broker takes one answer per delivery, so a second
+    is a defect of the code that gave it (kombu's ``MessageStateError``)."""
+
+
 class SteeringError(AmqpEventsError, RuntimeError):
     """A worker answered that it could not pause or resume a handler (the message says which and why)."""
 

@@ -23,6 +23,8 @@ class Mode:
 
     exact_times: bool
     producer: EventsApp
+    #: A worker as typed: the default pool's two processes.
+    typed = False
 
     def start(self, *services: str, env: dict[str, str] | None = None) -> None:
         raise NotImplementedError

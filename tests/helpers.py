@@ -76,7 +76,7 @@ class Records:
             if all(len(lines) >= sent for lines in by_service.values()):  # the last sentinel arrived everywhere
                 producer.fire("test.ping", [f"{ours}{sent}"], {})
                 sent += 1
-            time.sleep(0.05)
+            time.sleep(0.05)  # a poll of the records file, bounded by the deadline above
 
 
 def wait_archived(archive: Any, count: int, timeout: float = 30.0) -> list[Any]:

@@ -15,6 +15,7 @@ from kombu import Connection, Queue
 from sqlalchemy import Column, Integer, MetaData, String, Table
 
 from amqp_events import EventsApp
+from amqp_events.local.processes import start_session
 from amqp_events.outbox.relay import Relay
 from amqp_events.outbox.store import OutboxStore
 
@@ -42,13 +43,12 @@ def relaying(app: EventsApp, store: OutboxStore, **options: float) -> Iterator[R
 def relay_process(database: str, broker_url: str, log: Path, *options: str) -> subprocess.Popen[bytes]:
     """``amqp-events -A services.orders outbox relay --db DATABASE`` as a process of its own."""
     with log.open("ab") as out:
-        return subprocess.Popen(
+        return start_session(
             [AMQP_EVENTS, "-A", "services.orders", "outbox", "relay", "--db", database, *options],
             cwd=TESTS,
             env={**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)},
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
 
 

@@ -141,14 +141,15 @@ class Dispatcher:
         bypassed = self.bypass and task.acks_late and not task.rate_limit and not events
         return not bypassed or any(signal.receivers for signal in TASK_SIGNALS)
 
-    def run(self, task: Any, message: Any, settler: Settler) -> None:
+    def run(self, task: Any, message: Any, settler: Settler, held: bool = False) -> None:
         """Run ``task``'s handler on ``message`` through the pipeline, then settle it; with Celery's lines at
-        ``-l info``, as its own request path logs them."""
+        ``-l info``, as its own request path logs them (``held``: it was received before, and held over its
+        limit)."""
         delivery = decoded_delivery(message, task.handler.queue)
         logged = self.log_runs and received_logger.isEnabledFor(logging.INFO)
-        if logged:
+        started = time.monotonic()
+        if logged and not held:
             received_logger.info("Task %s[%s] received", task.name, delivery.event_id)
-            started = time.monotonic()
         try:
             info, hold = message.delivery_info, self.timer is not None
             outcome = run_here(self.app, task, delivery, info, self.hostname, hold)
@@ -162,7 +163,9 @@ class Dispatcher:
         if isinstance(outcome, Hold):  # kept, unacked, and run again later
             if self.on_hold is not None:
                 self.on_hold(task.handler.queue)
-            self.timer.call_after(outcome.seconds, self.executor_of(task.handler), (self.run, (task, message, settler)))
+            self.timer.call_after(
+                outcome.seconds, self.executor_of(task.handler), (self.run, (task, message, settler, True))
+            )
             return
         settler.ack(replaced=not isinstance(outcome, Ack))  # None: Celery's Retry (its copy sent) or Ignore
         if logged and isinstance(outcome, Ack):

@@ -20,6 +20,7 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Settler
 from amqp_events.core.router import Archive, Copies, Defer, archived_delivery
 from amqp_events.core.settle import describe, publish_routed
+from amqp_events.errors import AlreadySettled
 from amqp_events.wire.message import LOST_RUNS, OutgoingMessage
 
 logger = logging.getLogger(__name__)
@@ -30,28 +31,40 @@ ARCHIVE_RETRY_DELAYS = (1.0, 2.0, 4.0)
 
 
 class ChannelSettler:
-    """Settles ``message`` (a kombu message) on its channel; an answer given in a thread other than the
+    """Settles ``message`` (a kombu message) on its channel, once: a second answer raises
+    :class:`~amqp_events.errors.AlreadySettled` where it is given. An answer given in a thread other than the
     consumer's is handed to ``post`` (the consumer's ``call_soon``), to be sent from it. ``never_hold`` marks a
     message whose ack its channel must not hold (:mod:`amqp_events.transport.acks`): a replaced message's."""
 
-    __slots__ = ("message", "never_hold", "post", "thread")
+    __slots__ = ("answer", "message", "never_hold", "post", "thread")
 
     def __init__(
         self, message: Any, post: Callable[..., Any] | None = None, never_hold: Callable[[Any], None] | None = None
     ) -> None:
         self.message, self.post, self.never_hold, self.thread = message, post, never_hold, threading.get_ident()
+        #: The answer given ("" until then).
+        self.answer = ""
 
     def ack(self, replaced: bool = False) -> None:
+        self._once("acked")
         if replaced and self.never_hold is not None:  # one callback: kombu's hub runs those posted in any order
             self._send(_ack_unheld, self.message, self.never_hold)
         else:
             self._send(self.message.ack)
 
     def requeue(self) -> None:
+        self._once("requeued")
         self._send(self.message.reject, True)
 
     def reject(self) -> None:
+        self._once("rejected")
         self._send(self.message.reject, False)
+
+    def _once(self, answer: str) -> None:
+        if self.answer:
+            event_id = (getattr(self.message, "headers", None) or {}).get("id")
+            raise AlreadySettled(f"message {event_id!r} was {self.answer}; it cannot be {answer} as well")
+        self.answer = answer
 
     def _send(self, answer: Callable[..., Any], *args: Any) -> None:
         if self.post is not None and threading.get_ident() != self.thread:

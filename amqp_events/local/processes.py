@@ -1,4 +1,9 @@
-"""Ports and processes of the local servers: free ports to give them, and stopping exactly the PIDs started."""
+"""Ports and processes of the local servers: free ports to give them, and stopping exactly the PIDs started.
+
+Each process is started in a session of its own (a Ctrl-C in the terminal is its starter's to handle), so a
+starter killed before it stops what it started leaves it running. Where ``$AMQP_EVENTS_STARTED`` names a directory
+(``scripts/test`` sets it), each start is written there, a file per PID holding its start time, and
+:func:`sweep` stops what is left of them once the starter is gone, whatever stopped it."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from amqp_events.errors import LocalServerError
 
@@ -63,17 +69,61 @@ def ephemeral_range() -> tuple[int, int]:
         return 32768, 60999  # Linux's default
 
 
+#: The environment variable naming the directory where starts are written (see the module's text).
+STARTED = "AMQP_EVENTS_STARTED"
+
+
+def start_session(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **options)`` in a session (and process group) of its own, written down where
+    ``$AMQP_EVENTS_STARTED`` says, for :func:`sweep`."""
+    process = subprocess.Popen(list(argv), start_new_session=True, **options)
+    ledger = os.environ.get(STARTED)
+    if ledger:
+        with contextlib.suppress(OSError):
+            (Path(ledger) / str(process.pid)).write_text(str(start_ticks(process.pid)))
+    return process
+
+
+def sweep(ledger: Path, timeout: float = 10.0) -> list[int]:
+    """Stop the process group of each start written in ``ledger`` whose processes still run (SIGTERM, SIGKILL
+    after ``timeout``); returns the groups signalled. A group is signalled only while its leader is the process
+    started (its start time matches) or gone: the kernel gives a group's number to no new process while any
+    member of it is left."""
+    groups = []
+    for entry in sorted(ledger.glob("[0-9]*")):
+        pid, started = int(entry.name), int(entry.read_text() or 0)
+        if (not alive(pid) or same(pid, started)) and _signal_group(pid, signal.SIGTERM):
+            groups.append(pid)
+        entry.unlink(missing_ok=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_signal_group(pid, 0) for pid in groups):
+        for pid in groups:
+            _reap(pid)
+        time.sleep(0.1)
+    for pid in groups:
+        _signal_group(pid, signal.SIGKILL)
+    return groups
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Signal process group ``pgid`` (0: only ask whether it has a process); did it have one?"""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def spawn(argv: Sequence[str], environment: Mapping[str, str], directory: Path, output: Path) -> int:
     """Start ``argv`` in the background in ``directory``, its output appended to ``output``; returns its PID."""
     with output.open("ab") as out:
-        process = subprocess.Popen(
-            list(argv),
+        process = start_session(
+            argv,
             env=dict(environment),
             cwd=directory,  # crash dumps land with the server, not where it was started
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C in the terminal is ours to handle, not the server's
         )
     return process.pid
 
@@ -145,3 +195,11 @@ def kill(*pids: int) -> None:
     for pid in pids:
         if pid:
             wait_gone(pid, 10.0)
+
+
+if __name__ == "__main__":  # scripts/test, once its tests are over or stopped
+    import sys
+
+    swept = sweep(Path(sys.argv[1]))
+    if swept:
+        print(f"stopped {len(swept)} process group(s) left by the tests: {swept}", file=sys.stderr)

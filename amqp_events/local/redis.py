@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from amqp_events.errors import LocalServerError
-from amqp_events.local.processes import free_port
+from amqp_events.local.processes import free_port, start_session
 
 INSTALL_HINT = "Redis is not installed: install Debian's package with `sudo apt-get install -y redis-server`"
 
@@ -38,7 +38,7 @@ class LocalRedis:
         argv = [str(self.program), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
                 "--save", "", "--appendonly", "no", "--daemonize", "no"]  # fmt: skip
         with (self.directory / "log").open("wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = start_session(argv, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

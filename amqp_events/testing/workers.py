@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from amqp_events.errors import WorkerStartError
-from amqp_events.local.processes import alive
+from amqp_events.local.processes import alive, start_session
 
 #: Flags every worker of this library should run with (docs/guides/production.md, "Running workers").
 WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
@@ -44,14 +44,8 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with self.log_path.open("ab") as log:
             self._log_start = log.tell()  # a reused log file: only what this start writes counts
-            self.process = subprocess.Popen(
-                self.argv,
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            self.process = start_session(
+                self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
         return self
 

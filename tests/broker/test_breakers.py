@@ -47,7 +47,7 @@ def outage(producer: EventsApp, records: Any, flags: Path, events: int, seconds:
     fire(producer, "guarded.note", range(events))
     held = []
     while time.monotonic() - down_at < seconds:
-        time.sleep(1)
+        time.sleep(1)  # a sample a second of the queue during the outage: a measurement, not a wait for an outcome
         held.append(queue_state(producer, CHARGE)[0])
     notes_during = len({run["tag"] for run in records.all() if run["tag"].startswith("note-")})
     (flags / "payments-down").unlink()
@@ -137,7 +137,7 @@ def test_with_prefork_the_children_follow_the_breaker_of_their_main_process(work
     # later on a loaded machine), and the retries from before the trip wait on the delay ladder.
     wait_for(lambda: queue_state(producer, CHARGE)[0] >= 80, 30, what="the charges back in their queue")
     tripped = len(records.all(failed=True))
-    time.sleep(4)
+    time.sleep(4)  # two open periods in which nothing but probes may run: no event marks "nothing else ran"
     failed = records.all(failed=True)
     # Once tripped, the children run only the one half-open probe of each 2 s open period. (How many ran before
     # the trip depends on how soon the main process's tick sees the third failure: later on a loaded machine.)

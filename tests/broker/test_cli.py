@@ -21,7 +21,7 @@ from amqp_events.cli import main
 from amqp_events.errors import TopologyMissing
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.installation import roots_directory
-from amqp_events.local.processes import alive
+from amqp_events.local.processes import alive, start_session
 from amqp_events.testing import wait_for
 
 
@@ -292,14 +292,13 @@ def test_purge_deletes_exactly_what_was_shown_and_confirmed(worker, producer, ar
     archive = archive_of("orders")
     shown = fill(worker, producer, archive, ["a", "b"])
     terminal, its_end = pty.openpty()
-    purge = subprocess.Popen(
+    purge = start_session(
         [str(Path(sys.executable).parent / "amqp-events"), "-A", "services.orders", "archive", "purge"],
         stdin=its_end,
         stdout=its_end,
         stderr=its_end,
         cwd=TESTS,
         env={**os.environ, "BROKER_URL": broker_url},
-        start_new_session=True,
     )
     os.close(its_end)
     try:

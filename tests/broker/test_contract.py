@@ -258,7 +258,7 @@ def test_the_archive_keeps_the_newest_messages_up_to_its_length(mode):
     ids = [mode.producer.fire("test.ping", [f"p{n}"], {"how": {"permanent": True}}) for n in range(3)]
     mode.quiet(("orders",))
     kept = [entry.id for entry in mode.archive("orders").list()]
-    if getattr(mode, "typed", False):  # two processes archive side by side: the newest two of their arrivals
+    if mode.typed:  # two processes archive side by side: the newest two of their arrivals
         assert len(kept) == 2 and set(kept) < set(ids)
     else:
         assert kept == ids[1:]
@@ -408,8 +408,13 @@ def test_a_rate_limit_paces_a_burst_in_the_order_fired_and_waiting_is_never_an_a
         mode.producer.fire("mail.paced", [], {"n": n})
     mode.until(lambda: len(records.all(service="mailer", handler="paced")) >= 15, timeout=120)
     starts = sorted(records.all(service="mailer", handler="paced"), key=lambda run: run["time"])
-    # Each once, in the order fired: by one worker, whether of one process or (as typed) of two.
-    assert [run["n"] for run in starts] == list(range(15))
+    # Each once, in the order fired by one process; by one worker of two (as typed), the longest-waiting event asks
+    # first, and only two reaching the two processes within moments of each other may start in either order.
+    order = [run["n"] for run in starts]
+    if mode.typed:
+        assert sorted(order) == list(range(15)) and all(abs(place - n) <= 1 for place, n in enumerate(order)), order
+    else:
+        assert order == list(range(15))
     assert {run["attempt"] for run in starts} == {1}
     times = [run["time"] for run in starts]
     most_in = lambda seconds: max(sum(1 for t in times if first <= t < first + seconds) for first in times)  # noqa: E731

@@ -234,6 +234,8 @@ class Cases:
     def __init__(self, sender: str, admin: str, records: Records) -> None:
         self.sender, self.records = sender, records
         self.sent: dict[int, tuple[Any, ...]] = {}
+        #: The case of each event id sent (a run of a body the fuzz did not tag, a CloudEvent's, is found by it).
+        self.by_id: dict[str, int] = {}
         #: Messages the broker refused to take (an invalid header frame, another's user_id): never at a worker.
         self.refused = 0
         # One connection for every send and count (a connection per poll churned RabbitMQ 4.0 into connect timeouts).
@@ -269,6 +271,8 @@ class Cases:
             self.connection = Connection(self.sender, transport_options={"confirm_publish": True})
             return 0
         self.sent[case] = body
+        for name in ("id", "ce-id"):
+            self.by_id.setdefault(str(headers.get(name)), case)
         return case
 
     def close(self) -> None:
@@ -279,9 +283,12 @@ class Cases:
         """Cases whose handler returned: it ran without being told to fail, or told to fail once, ran again."""
         done = set()
         for run in self.records.all():
-            case = int(run["tag"].removeprefix("fuzz-"))
-            told = self.sent[case][1] or {}
-            if not told.get("permanent") and run["attempt"] > told.get("fail_times", 0):
+            tag = str(run["tag"])
+            case = int(tag[5:]) if tag.startswith("fuzz-") and tag[5:].isdigit() else self.by_id.get(str(run["id"]))
+            if case is None:
+                continue  # not a case: the assertion on every case's end reports what is missing
+            told = _told(self.sent[case])
+            if told is not None and not told.get("permanent") and run["attempt"] > told.get("fail_times", 0):
                 done.add(case)
         return done
 
@@ -290,6 +297,17 @@ class Cases:
 
     def ended(self) -> int:
         return len(self.handled()) + self.archived()
+
+
+def _told(body: tuple[Any, ...]) -> dict[str, Any] | None:
+    """What a case's handler was told to do (``None``: something it fails on): an event's ``how``; for a body of
+    another shape that ran (a CloudEvent's JSON data, the handler's keyword arguments), its ``how``."""
+    if body[0] == "event":
+        how = body[1]
+    else:
+        data = json.loads(body[1]) if body[0] == "json" else None
+        how = data.get("how") if isinstance(data, dict) else None
+    return (how or {}) if isinstance(how, dict) or not how else None
 
 
 def fuzz(fleet: Any, start_worker: Any, cli_process: Any, broker_url: str, records: Records, archive_of: Any,

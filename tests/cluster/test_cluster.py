@@ -50,7 +50,7 @@ def steady_stream(
             fired.append(f"{prefix}{n}")
             event_id = None
             n += 1
-            time.sleep(1 / per_second)
+            time.sleep(1 / per_second)  # the stream's pace, not a wait for an outcome
 
     thread = threading.Thread(target=fire, daemon=True, name="steady-stream")
     thread.start()
@@ -129,7 +129,7 @@ def test_ordered_events_stay_in_order_when_the_node_leading_a_partition_is_kille
     """40 accounts x 15 events, 10% failing once, two failing until a fix (their later events parked, then
     released by the replay); the node leading partition 00 is killed and comes back."""
     workers = [on_cluster("ledger", pool="threads", concurrency=3) for _ in range(2)]
-    time.sleep(3)
+    time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
     producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
     fired: dict[str, list[int]] = defaultdict(list)
     accounts = [f"acct-{n}" for n in range(40)]
@@ -160,7 +160,7 @@ def test_ordered_events_stay_in_order_when_the_node_leading_a_partition_is_kille
 
 def test_retries_waiting_in_the_delay_ladder_survive_a_node_kill(cluster, cluster_url, on_cluster, records):
     on_cluster("orders")
-    time.sleep(3)
+    time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
     producer = events_app("tests", broker_url=cluster_url)
     delays = [1, 2, 5, 10, 20, 40, 60]
     ids = {producer.fire("test.ping", [f"d{delay}"], {"how": {"countdown": delay}}): delay for delay in delays}
@@ -169,7 +169,7 @@ def test_retries_waiting_in_the_delay_ladder_survive_a_node_kill(cluster, cluste
     leaders = Counter(cluster.leader_of(vhost_of(cluster_url), queue) for queue in ladder)
     victim = leaders.most_common(1)[0][0]
     cluster.nodes.kill(victim)
-    time.sleep(5)
+    time.sleep(5)  # not a wait for an outcome: the node stays down while retries are due (1 s, 2 s, 5 s)
     cluster.nodes.start()
     for event_id, delay in ids.items():
         first, second = records.wait(2, timeout=120, id=event_id)
@@ -180,7 +180,7 @@ def test_retries_waiting_in_the_delay_ladder_survive_a_node_kill(cluster, cluste
 def test_a_batch_whose_node_dies_goes_on_over_another_node(cluster, cluster_url, on_cluster, records):
     on_cluster("orders")
     on_cluster("shipping")
-    time.sleep(3)
+    time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
     producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
     producer.fire("test.ping", ["warm"], {})  # the publisher is connected: to the first node
     unconfirmed: set[str] = set()
@@ -191,7 +191,7 @@ def test_a_batch_whose_node_dies_goes_on_over_another_node(cluster, cluster_url,
         with producer.batch(window=200) as batch:
             for n in range(6000):
                 tags[producer.fire("test.ping", [f"b{n}"], {})] = f"b{n}"
-                time.sleep(0.0005)
+                time.sleep(0.0005)  # a batch long enough for the kill to land in its middle
     except PublishError as error:
         unconfirmed = set(error.event_ids)
     killer.join(60)
@@ -211,7 +211,7 @@ def test_a_rolling_restart_of_every_node_loses_nothing_and_no_worker_restarts(
 ):
     workers = [on_cluster("orders"), on_cluster("shipping", pool="prefork", concurrency=2)]
     pids = [worker.pid for worker in workers]
-    time.sleep(3)
+    time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
     producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
     fired: list[str] = []
     stop = threading.Event()
@@ -250,7 +250,7 @@ def test_a_network_partition_loses_nothing_confirmed_and_the_majority_goes_on(
     InboxTable(engine).create()
     workers = [on_cluster("orders"), on_cluster("shipping"), on_cluster("payments", env={"DATABASE_URL": database})]
     pids = [worker.pid for worker in workers]
-    time.sleep(3)
+    time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
     producer = events_app("tests", broker_url=cluster_url, amqp_events_publish_timeout=30)
     retried = {producer.fire("test.ping", [f"r{delay}"], {"how": {"countdown": delay}}): delay for delay in (5, 20, 40)}
     fired: list[str] = []

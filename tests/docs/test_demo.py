@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT
 
+from amqp_events.local.processes import start_session
 from amqp_events.testing import wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]  # each run starts a node of its own
@@ -34,12 +35,8 @@ def descendants_of_the_demo(marker: str) -> list[int]:
 
 
 def run_demo(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-u", str(DEMO), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    return start_session(
+        [sys.executable, "-u", str(DEMO), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -80,7 +77,7 @@ def test_ctrl_c_stops_everything_the_demo_started():
     wait_for(lambda: lines.append(demo.stdout.readline()) or "workers ready" in lines[-1], 120, interval=0)
     workdir = "".join(lines).split("under ", 1)[1].split(")", 1)[0]
     assert descendants_of_the_demo(workdir)  # the node and the workers run
-    time.sleep(1)
+    time.sleep(1)  # not a wait for an outcome: the Ctrl-C comes while events flow, as a user's would
     os.killpg(demo.pid, signal.SIGINT)
     try:
         output, _ = demo.communicate(timeout=120)

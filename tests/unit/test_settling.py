@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from amqp_events.celery.settling import ChannelSettler, acked_unheld
+from amqp_events.errors import AlreadySettled
 from amqp_events.wire.message import LOST_RUNS
 
 
@@ -80,3 +81,21 @@ def test_celery_s_path_marks_only_a_message_that_may_be_counted_as_a_lost_run(re
     message = Delivered(redelivered, headers)
     acked_unheld(handed.append, seen.append)(message)
     assert handed == [message] and seen == ([message] if marked else [])
+
+
+@pytest.mark.parametrize("first", ["ack", "requeue", "reject"])
+@pytest.mark.parametrize("second", ["ack", "requeue", "reject"])
+def test_a_message_is_settled_once_and_a_second_answer_raises_where_it_is_given(first, second):
+    done: list[tuple[str, int]] = []
+    settler = ChannelSettler(Answers(done))
+    getattr(settler, first)()
+    with pytest.raises(AlreadySettled, match=r"was (acked|requeued|rejected); it cannot be"):
+        getattr(settler, second)()
+    assert len(done) == 1  # the broker got the first answer alone
+
+
+class Answers(Message):
+    headers: ClassVar[dict[str, str]] = {"id": "e-1"}
+
+    def reject(self, requeue: bool) -> None:
+        self.done.append(("requeue" if requeue else "reject", self.delivery_tag))

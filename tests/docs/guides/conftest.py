@@ -33,6 +33,7 @@ from kombu import Connection
 from amqp_events import EventsApp, events_app
 from amqp_events.errors import LocalServerError
 from amqp_events.local.postgres import LocalPostgres
+from amqp_events.local.processes import start_session
 from amqp_events.local.redis import LocalRedis
 from amqp_events.testing import wait_for
 from amqp_events.testing.workers import WorkerProcess
@@ -206,8 +207,9 @@ class Guide:
     def start(self, command: str) -> subprocess.Popen[str]:
         """A long-running command (a relay, an exporter); the test's end stops it."""
         env, argv = self._argv(command)
-        process = subprocess.Popen(argv, cwd=self.directory, env=env, stderr=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        process = start_session(
+            argv, cwd=self.directory, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         self.processes.append(process)
         return process
 

@@ -1,0 +1,53 @@
+"""``bash scripts/test`` stopped while its tests run (Ctrl-C, or SIGTERM to its process group) leaves nothing of
+what they started running: the RabbitMQ node, its epmd and the workers, each in a session of its own, are written
+down as they start and stopped by PID when the script ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from helpers import ROOT
+
+from amqp_events.local.processes import STARTED, alive, same, start_session
+from amqp_events.testing import wait_for
+
+
+def groups_left(started: dict[int, int]) -> list[int]:
+    """The groups of ``started`` (PID: start time) of which a process still runs."""
+    left = []
+    for pid, ticks in started.items():
+        if alive(pid) and not same(pid, ticks):
+            continue  # the number was given to another process since
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            continue
+        left.append(pid)
+    return left
+
+
+@pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_stopping_the_test_command_leaves_no_process_it_started(tmp_path, interrupt):
+    ledger, ready = tmp_path / "started", tmp_path / "ready"
+    ledger.mkdir()
+    env = {**os.environ, STARTED: str(ledger), "AMQP_EVENTS_PROBE_READY": str(ready)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    command = ["bash", "scripts/test", "tests/broker/interrupted_run.py", "-n", "0", "-p", "no:cacheprovider"]
+    script = start_session(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: ready.exists() or script.poll() is not None, timeout=240, what="the probe's worker")
+        assert script.poll() is None, script.communicate()[0]
+        started = {int(entry.name): int(entry.read_text()) for entry in ledger.iterdir()}
+        assert len(started) >= 3, started  # the node, its epmd, the worker
+        os.killpg(script.pid, interrupt)  # as a terminal's Ctrl-C, or a supervisor's stop, reaches the group
+        output, _ = script.communicate(timeout=120)
+        assert script.returncode != 0, output
+        assert groups_left(started) == [], output
+        assert list(ledger.iterdir()) == []
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait(10)
