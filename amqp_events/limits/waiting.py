@@ -35,6 +35,14 @@ KEYED_HOLD_SPACING = 60.0
 ASKS_PER_SPACING = 10
 #: The shortest and longest waits between two asks (seconds).
 SHORTEST_ASK, LONGEST_ASK = 0.01, 60.0
+#: Seconds past its time to ask after which an event first in its line is taken for gone (its process lost it
+#: without a word): those behind it, in this process and the others, stop waiting for it.
+GONE_AFTER = 10.0
+
+
+def gone(asks_at: float, now: float) -> bool:
+    """Has the event that was to ask again at ``asks_at`` (0: it is asking now) not come back?"""
+    return 0.0 < asks_at < now - GONE_AFTER
 
 
 class Peers(Protocol):
@@ -42,11 +50,12 @@ class Peers(Protocol):
     process of it consumes): the one that waited longest asks first, so that one worker starts a backlog in the
     order it was fired."""
 
-    def holding(self, handler: str, since: float | None) -> None:
-        """This process holds an event of ``handler`` since ``since`` (wall clock; ``None``: none now)."""
+    def holding(self, handler: str, since: float | None, asks_at: float = 0.0) -> None:
+        """This process holds an event of ``handler`` since ``since`` (wall clock; ``None``: none now), which asks
+        again at ``asks_at`` (0: now)."""
 
-    def earlier(self, handler: str, since: float) -> bool:
-        """Does another process hold one since before ``since``?"""
+    def earlier(self, handler: str, since: float, now: float) -> bool:
+        """Does another process hold one since before ``since`` (and not :func:`gone`)?"""
 
     def started(self, handler: str, frees_at: float) -> None:
         """This process took a start of ``handler`` in its first window, counted there until ``frees_at``."""
@@ -93,10 +102,13 @@ class Waiting:
                 line.since[event] = now
                 if bucket == "" and len(line.ids) == 1 and self.peers is not None:
                     self.peers.holding(handler, now)
+            first = line.ids[0]
+            if first != event and first in line.held and gone(line.asks_at, now):
+                self._remove(handler, bucket, first)
             if line.ids[0] != event:
                 return False
             since = line.since[event]
-        return bucket != "" or self.peers is None or not self.peers.earlier(handler, since)
+        return bucket != "" or self.peers is None or not self.peers.earlier(handler, since, now)
 
     def may_hold(self, handler: str, bucket: str, event: str, now: float) -> bool:
         """May this process hold ``event`` (again): its handler's room for held events, and not held too long?"""
@@ -118,6 +130,8 @@ class Waiting:
             line.held.add(event)
             if line.ids[0] == event:
                 line.asks_at = now + seconds
+                if bucket == "" and self.peers is not None:
+                    self.peers.holding(handler, line.since[event], line.asks_at)
                 return seconds
             return max(SHORTEST_ASK, line.asks_at - now + 0.002)
 
@@ -126,18 +140,21 @@ class Waiting:
         its line."""
         with self._lock:
             found = [key for key, line in self.lines.items() if key[0] == handler and event in line.since]
-            if not found:
-                return
-            bucket = found[0][1]
-            line = self.lines[found[0]]
-            first = line.ids[0] == event
-            line.ids.remove(event)
-            del line.since[event]
-            line.held.discard(event)
-            if not line.ids:
-                del self.lines[(handler, bucket)]
-            if first and bucket == "" and self.peers is not None:
-                self.peers.holding(handler, line.since[line.ids[0]] if line.ids else None)
+            if found:
+                self._remove(handler, found[0][1], event)
+
+    def _remove(self, handler: str, bucket: str, event: str) -> None:
+        line = self.lines[(handler, bucket)]
+        first = line.ids[0] == event
+        line.ids.remove(event)
+        del line.since[event]
+        line.held.discard(event)
+        if first:
+            line.asks_at = 0.0
+        if not line.ids:
+            del self.lines[(handler, bucket)]
+        if first and bucket == "" and self.peers is not None:
+            self.peers.holding(handler, line.since[line.ids[0]] if line.ids else None)
 
     def started(self, window: str, lasts: float, now: float, handler: str = "") -> None:
         """This process took a start in ``window`` (``handler``'s first, without a key: the worker's other

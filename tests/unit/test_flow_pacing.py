@@ -149,3 +149,21 @@ def test_of_a_worker_s_processes_the_one_holding_the_longest_waiting_event_asks_
     assert second.until_free("w2", spacing=1.0, now=2.5, handler="mail.send") == pytest.approx(0.501)
     shared.process_ended(1)  # its process died: what it held went back, and waits for nobody
     assert first.arrive("mail.send", "", "e3", now=3.0)
+
+
+def test_an_event_that_never_comes_back_to_ask_stops_holding_up_those_behind_it():
+    from amqp_events.celery.pool.shared import Shared
+    from amqp_events.celery.pool.turns import SharedTurns
+    from amqp_events.limits.waiting import GONE_AFTER
+
+    shared = Shared(2, ["mail.send"])
+    shared.consuming[0] = shared.consuming[1] = 1
+    first, second = Waiting(), Waiting()
+    first.peers, second.peers = SharedTurns(shared, 0), SharedTurns(shared, 1)
+    assert first.arrive("mail.send", "", "lost", now=1.0)
+    assert first.hold("mail.send", "", "lost", now=1.0, seconds=0.5) == 0.5  # to ask again at 1.5: it never does
+    assert not first.arrive("mail.send", "", "next", now=2.0) and not second.arrive("mail.send", "", "e", now=2.0)
+    late = 1.5 + GONE_AFTER + 0.1
+    assert second.arrive("mail.send", "", "e", now=late)  # the other process no longer waits for it
+    assert first.arrive("mail.send", "", "next", now=late)  # nor its own line
+    assert list(first.lines[("mail.send", "")].ids) == ["next"]

@@ -96,6 +96,8 @@ class Shared:
         self.revoked_generation = multiprocessing.RawValue("i", 0)
         #: Per slot and handler: since when (wall clock) the slot holds an event over the handler's limit, 0: none.
         self.waiting_since = multiprocessing.RawArray("d", slots * max(1, len(self.handlers)))
+        #: Per slot and handler: when that event asks again (0: it is asking now).
+        self.asks_at = multiprocessing.RawArray("d", slots * max(1, len(self.handlers)))
         #: Per handler: when the last start its processes took in its first window stops being counted there.
         self.frees_at = multiprocessing.RawArray("d", max(1, len(self.handlers)))
         #: Each handler's (soft, hard) time limits in seconds, 0: none (``celery control time_limit`` sets them).
@@ -123,6 +125,7 @@ class Shared:
         self.consuming[slot] = 0
         width = max(1, len(self.handlers))
         self.waiting_since[slot * width : (slot + 1) * width] = [0.0] * width  # what it held went back
+        self.asks_at[slot * width : (slot + 1) * width] = [0.0] * width
         with self.lock:
             self.ended.value += 1
             keys = [key for key in _entries(self.runs[slot], RUNS_PER_SLOT) if key]

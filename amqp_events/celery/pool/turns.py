@@ -8,6 +8,7 @@ of their own, and other keys go on past them."""
 from __future__ import annotations
 
 from amqp_events.celery.pool.shared import Shared
+from amqp_events.limits.waiting import gone
 
 
 class SharedTurns:
@@ -18,21 +19,23 @@ class SharedTurns:
         self.index = {name: index for index, name in enumerate(shared.handlers)}
         self.width = max(1, len(shared.handlers))
 
-    def holding(self, handler: str, since: float | None) -> None:
+    def holding(self, handler: str, since: float | None, asks_at: float = 0.0) -> None:
         index = self.index.get(handler)
         if index is not None:
             self.shared.waiting_since[self.slot * self.width + index] = since or 0.0
+            self.shared.asks_at[self.slot * self.width + index] = asks_at
 
-    def earlier(self, handler: str, since: float) -> bool:
+    def earlier(self, handler: str, since: float, now: float) -> bool:
         index = self.index.get(handler)
         if index is None:
             return False
-        waiting, consuming = self.shared.waiting_since, self.shared.consuming
-        return any(
-            0.0 < waiting[slot * self.width + index] < since and consuming[slot]
-            for slot in range(self.shared.slots)
-            if slot != self.slot
-        )
+        shared = self.shared
+        for slot in range(shared.slots):
+            at = slot * self.width + index
+            if slot != self.slot and 0.0 < shared.waiting_since[at] < since and shared.consuming[slot]:
+                if not gone(shared.asks_at[at], now):
+                    return True
+        return False
 
     def started(self, handler: str, frees_at: float) -> None:
         index = self.index.get(handler)
