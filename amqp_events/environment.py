@@ -40,6 +40,8 @@ VARIABLES: dict[str, str] = {
     "AMQP_EVENTS_CONSOLE_AUDIT_FILE": "the file the console keeps its event log in (its --audit-file)",
     "AMQP_EVENTS_RABBITMQ": "the RabbitMQ line (3.10 or 4.0) `amqp-events broker start` and the test suite run",
     "AMQP_EVENTS_RABBITMQ_ROOTS": "where `amqp-events broker install` keeps the other RabbitMQ lines",
+    "AMQP_EVENTS_STARTED": "a directory where the local servers and test workers started are written down, to be "
+    "stopped by PID when `scripts/test` ends",
 }
 
 

@@ -125,11 +125,13 @@ def order(bench: Bench, size: Size) -> Result:
             for n in range(events):
                 plain.send_task("bench.limited", (n,), producer=producer)
         plain.close()
-        with run.worker("celery_limited", pool=None, concurrency=1, env={"RATE": "600/m"}):
-            # Celery's bucket with acks late starts about one a second here, not ten: what started in a while is
-            # compared, not the whole backlog.
-            with contextlib.suppress(TimeoutError):
-                run.wait_marks(lambda marks: len(marks) >= events, timeout=events / 10 * 1.5 + 60)
+        # Celery's bucket with acks late starts about one a second here, not ten: what started in a while is
+        # compared, not the whole backlog.
+        with (
+            run.worker("celery_limited", pool=None, concurrency=1, env={"RATE": "600/m"}),
+            contextlib.suppress(TimeoutError),
+        ):
+            run.wait_marks(lambda marks: len(marks) >= events, timeout=events / 10 * 1.5 + 60)
         started = [mark["n"] for mark in sorted(run.marks_read(), key=lambda mark: mark["time"])]
         celery = _out_of_order(started)
     return Result(

@@ -13,11 +13,13 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from amqp_events.environment import variable
 from amqp_events.errors import LocalServerError
 
 
@@ -77,7 +79,7 @@ def start_session(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(argv, **options)`` in a session (and process group) of its own, written down where
     ``$AMQP_EVENTS_STARTED`` says, for :func:`sweep`."""
     process = subprocess.Popen(list(argv), start_new_session=True, **options)
-    ledger = os.environ.get(STARTED)
+    ledger = variable(STARTED)
     if ledger:
         with contextlib.suppress(OSError):
             (Path(ledger) / str(process.pid)).write_text(str(start_ticks(process.pid)))
@@ -197,9 +199,8 @@ def kill(*pids: int) -> None:
             wait_gone(pid, 10.0)
 
 
-if __name__ == "__main__":  # scripts/test, once its tests are over or stopped
-    import sys
-
-    swept = sweep(Path(sys.argv[1]))
+def sweep_and_say(ledger: str) -> None:
+    """:func:`sweep`, saying on stderr what it stopped (``scripts/test``, once its tests are over or stopped)."""
+    swept = sweep(Path(ledger))
     if swept:
         print(f"stopped {len(swept)} process group(s) left by the tests: {swept}", file=sys.stderr)

@@ -83,7 +83,7 @@ def _create() -> dict[str, Any]:
         ),
         "outcomes": Counter(
             PREFIX + "handler_outcomes",
-            "Runs by outcome: success, skipped, retry_scheduled, redelivered, handed_back, over_limit, postponed, archived",  # noqa: E501
+            "Runs by outcome: success, skipped, retry_scheduled, redelivered, handed_back, over_limit, held, postponed, archived",  # noqa: E501
             ["service", "handler", "outcome"],
         ),
         "failures": Counter(

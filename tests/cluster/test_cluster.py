@@ -19,10 +19,13 @@ from sqlalchemy import create_engine, text
 
 from amqp_events import PublishError, events_app
 from amqp_events.inbox.sql import InboxTable
+from amqp_events.limits.rates import allowances, parse_rates
 from amqp_events.local.cluster import LocalCluster
 from amqp_events.local.partition import is_cut
 from amqp_events.local.processes import alive
 from amqp_events.testing import wait_for
+from amqp_events.topology.limits import limit_prefix
+from amqp_events.topology.limits import window as limit_window
 from faults.chaos import StrandedDeadLetters
 
 # Starting the session's three nodes, and bringing back those a test stopped, is bounded by each node's own start
@@ -345,7 +348,9 @@ def test_a_rate_limit_holds_while_the_node_holding_its_window_is_lost(cluster, c
     for n in range(5):
         producer.fire("mail.paced", [], {"n": n})
     records.wait(5, 60, handler="paced", tag="start")
-    window = "mailer.limit.mail.paced.5per10s"
+    [allowance] = allowances(parse_rates("5/10s"))  # paced: one start in any 2 s
+    prefix = limit_prefix("mailer", "mail.paced")
+    window = limit_window(prefix, allowance.count, allowance.millis, False, allowance.paced).queue.name
     found = cluster.management.request(
         "GET", f"/api/queues/{urllib.parse.quote(vhost_of(cluster_url), safe='')}/{window}"
     )

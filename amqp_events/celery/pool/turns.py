@@ -32,9 +32,9 @@ class SharedTurns:
         shared = self.shared
         for slot in range(shared.slots):
             at = slot * self.width + index
-            if slot != self.slot and 0.0 < shared.waiting_since[at] < since and shared.consuming[slot]:
-                if not gone(shared.asks_at[at], now):
-                    return True
+            waiting = 0.0 < shared.waiting_since[at] < since and not gone(shared.asks_at[at], now)
+            if slot != self.slot and waiting and shared.consuming[slot]:
+                return True
         return False
 
     def started(self, handler: str, frees_at: float) -> None:
