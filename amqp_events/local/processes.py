@@ -97,18 +97,40 @@ def sweep(ledger: Path, timeout: float = 10.0) -> list[int]:
         if (not alive(pid) or same(pid, started)) and _signal_group(pid, signal.SIGTERM):
             groups.append(pid)
         entry.unlink(missing_ok=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_signal_group(pid, 0) for pid in groups):
+    if not _gone(groups, timeout):
         for pid in groups:
-            _reap(pid)
-        time.sleep(0.1)
-    for pid in groups:
-        _signal_group(pid, signal.SIGKILL)
+            _signal_group(pid, signal.SIGKILL)
+        _gone(groups, 10.0)  # a signalled process ends a moment later
     return groups
 
 
+def group_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that run (a zombie, ended and not yet reaped, does not)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()  # after the command, which may hold spaces
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def _gone(groups: list[int], timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds until no process of ``groups`` runs; has none?"""
+    deadline = time.monotonic() + timeout
+    while any(group_members(pgid) for pgid in groups):
+        if time.monotonic() > deadline:
+            return False
+        for pgid in groups:
+            _reap(pgid)
+        time.sleep(0.1)
+    return True
+
+
 def _signal_group(pgid: int, sig: int) -> bool:
-    """Signal process group ``pgid`` (0: only ask whether it has a process); did it have one?"""
+    """Signal process group ``pgid``; did it have a process?"""
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):

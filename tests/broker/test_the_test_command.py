@@ -11,22 +11,14 @@ import subprocess
 import pytest
 from helpers import ROOT
 
-from amqp_events.local.processes import STARTED, alive, same, start_session
+from amqp_events.local.processes import STARTED, alive, group_members, same, start_session
 from amqp_events.testing import wait_for
 
 
 def groups_left(started: dict[int, int]) -> list[int]:
     """The groups of ``started`` (PID: start time) of which a process still runs."""
-    left = []
-    for pid, ticks in started.items():
-        if alive(pid) and not same(pid, ticks):
-            continue  # the number was given to another process since
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            continue
-        left.append(pid)
-    return left
+    # A number given to another process since is not ours.
+    return [pid for pid, ticks in started.items() if group_members(pid) and (not alive(pid) or same(pid, ticks))]
 
 
 @pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
