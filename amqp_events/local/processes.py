@@ -106,15 +106,8 @@ def sweep(ledger: Path, timeout: float = 10.0) -> list[int]:
 
 def group_members(pgid: int) -> list[int]:
     """The processes of group ``pgid`` that run (a zombie, ended and not yet reaped, does not)."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()  # after the command, which may hold spaces
-        except OSError:
-            continue
-        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(stat.parent.name))
-    return members
+    pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [pid for pid in pids if (fields := _stat(pid)) and fields[0] != "Z" and int(fields[2]) == pgid]
 
 
 def _gone(groups: list[int], timeout: float) -> bool:
@@ -154,13 +147,8 @@ def spawn(argv: Sequence[str], environment: Mapping[str, str], directory: Path, 
 
 def start_ticks(pid: int) -> int:
     """When process ``pid`` started (clock ticks since boot, field 22 of ``/proc/PID/stat``); 0 when none runs."""
-    if pid <= 0:
-        return 0
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rpartition(")")[2].split()[19])  # fields after the command, which may hold spaces
-    except (OSError, ValueError, IndexError):
-        return 0
+    fields = _stat(pid)
+    return int(fields[19]) if len(fields) > 19 else 0
 
 
 def same(pid: int, started: int) -> int:
@@ -176,13 +164,20 @@ def same(pid: int, started: int) -> int:
 
 def alive(pid: int) -> bool:
     """Does process ``pid`` run (a zombie does not)?"""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command (which may hold spaces): the state first, field 3;
+    ``[]`` when no process ``pid`` runs."""
     if pid <= 0:
-        return False
+        return []
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
+            return stat.read().rpartition(")")[2].split()
     except OSError:
-        return False
+        return []
 
 
 def wait_gone(pid: int, timeout: float) -> bool:
