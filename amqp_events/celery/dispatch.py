@@ -60,11 +60,11 @@ TASK_SIGNALS = (
     signals.task_retry,
     signals.task_revoked,
 )
-#: Runs ``function(task, message, settler)`` somewhere: now, in a thread, on the coroutine loop.
-Executor = Callable[[Callable[..., None], tuple[Any, Any, Settler]], None]
+#: Runs ``function(task, message, settler[, held])`` somewhere: now, in a thread, on the coroutine loop.
+Executor = Callable[[Callable[..., None], tuple[Any, ...]], None]
 
 
-def inline(function: Callable[..., None], args: tuple[Any, Any, Settler]) -> None:
+def inline(function: Callable[..., None], args: tuple[Any, ...]) -> None:
     function(*args)
 
 
