@@ -177,6 +177,13 @@ def queue_state(producer: EventsApp, queue: str) -> tuple[int, int]:
         return declared.message_count, declared.consumer_count
 
 
+def unconsumed(producer: EventsApp, queue: str, timeout: float = 30) -> int:
+    """The ready messages of ``queue`` once the broker has let go of its consumers. A stopped worker's connection
+    is closed before the broker has removed its consumers (and given back what they held): that is asynchronous."""
+    wait_for(lambda: queue_state(producer, queue)[1] == 0, timeout, what=f"no consumer of {queue}")
+    return queue_state(producer, queue)[0]
+
+
 def celery(broker_url: str, *command: str, app: str = "services.orders", timeout: float = 60) -> Any:
     """``celery -A APP COMMAND...`` for the test's vhost, as an operator types it (a ``CompletedProcess``)."""
     env = {**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS)}

@@ -4,7 +4,7 @@ the delay ladder and its archived events each reach the handler they are for, on
 from __future__ import annotations
 
 import pytest
-from helpers import wait_archived
+from helpers import unconsumed, wait_archived
 
 from amqp_events.testing import wait_for
 
@@ -31,6 +31,8 @@ def test_a_move_to_the_per_service_layout_and_back_loses_nothing_and_runs_nothin
     assert entry.queue == "accounts:test.ping:audit"
     wait_for(lambda: len(records.all(id=later_named)) == 2, 30, what="the first runs of the retried events")
     old.stop()
+    for queue in ("accounts:test.ping", "accounts:test.ping:audit"):
+        unconsumed(producer, queue)  # the move refuses a queue that is still read
     backlog = [producer.fire("test.ping", [f"waiting-{n}"], {}) for n in range(5)]  # in both old queues
 
     moved = cli_process("topology", "move", "--yes", app="services.accounts", env=PER_SERVICE)
@@ -50,6 +52,7 @@ def test_a_move_to_the_per_service_layout_and_back_loses_nothing_and_runs_nothin
     assert replayed.exit_code == 0, replayed.output
     wait_for(lambda: len(runs(records, archived, "accounts.audit")) == 2, 30, what="the archived event replayed")
     new.stop()
+    unconsumed(producer, "accounts.events")
     assert runs(records, later_unnamed, "accounts") == [1, 2] and runs(records, later_unnamed, "accounts.audit") == [1]
     assert runs(records, later_named, "accounts.audit") == [1, 2] and runs(records, later_named, "accounts") == [1]
     assert runs(records, archived, "accounts") == [1]
