@@ -321,7 +321,6 @@ def fuzz(fleet: Any, start_worker: Any, cli_process: Any, broker_url: str, recor
 
     @settings(
         max_examples=EXAMPLES,
-        deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
         # Each example costs a real round through the worker: report what failed rather than shrink it for minutes.

@@ -68,7 +68,7 @@ def replay(order: list[int], acked: list[bool], sends: set[int], running: int) -
     return broker, settled
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(settlements)
 def test_held_acks_settle_exactly_what_was_settled_here(case):
     order, acked, sends, running = case
@@ -76,7 +76,7 @@ def test_held_acks_settle_exactly_what_was_settled_here(case):
     assert broker.outstanding == set(order) - settled
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(settlements)
 def test_past_the_tracking_bound_acks_go_alone_and_stay_right(case):
     order, acked, sends, running = case

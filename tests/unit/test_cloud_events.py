@@ -311,7 +311,7 @@ def outcome(headers, body, content_type=JSON):
     return event.attributes, event.kwargs, json.loads(event.body), adopted[0], json.loads(adopted[1])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(st.one_of(CE_HEADERS, CE_HEADERS.map(lambda headers: {key: str(value) for key, value in headers.items()})),
        OTHER_HEADERS, BODIES, CONTENT_TYPES)  # fmt: skip
 def test_binary_mode_is_read_as_the_sdk_reads_it(headers, others, body, content_type):

@@ -157,7 +157,7 @@ def bound(arguments: Arguments, args: tuple, kwargs: dict) -> dict | str | None:
         return "refused"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=400)
 @given(
     signatures(),
     st.lists(st.integers(), max_size=6).map(tuple),
