@@ -20,7 +20,7 @@ from celery.exceptions import Reject
 from amqp_events.celery.running import run_here
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Delivery, Received, Settler
+from amqp_events.core.delivery import Answer, Delivery, Received, Settler
 from amqp_events.errors import PublishError, Refused, TopologyMissing
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.batch import BatchedEvent, events_of
@@ -48,9 +48,9 @@ def run_batch(app: Any, task: Any, message: Any, settler: Settler, hostname: str
         republish_each(app.context, handler.queue, alone)
     except Exception:
         logger.exception("could not settle replay batch %s of %s; it comes back", message.headers.get("id"), task.name)
-        settler.reject()
+        settler.settle(Answer.REJECT)
         return
-    settler.ack(replaced=True)  # its events' retries (and those sent alone) are copies of it
+    settler.settle(Answer.ACK_REPLACED)  # its events' retries (and those sent alone) are copies of it
 
 
 def receive_hooks_pass_unchanged(context: ServiceContext, queue: str, event: BatchedEvent) -> bool:
@@ -71,9 +71,9 @@ def split(context: ServiceContext, queue: str, message: Any, settler: Settler) -
         republish_each(context, queue, events_of(event_name(message.headers), message.decode()))
     except Exception:
         logger.exception("could not split replay batch %s; it comes back", message.headers.get("id"))
-        settler.reject()
+        settler.settle(Answer.REJECT)
         return
-    settler.ack(replaced=True)
+    settler.settle(Answer.ACK_REPLACED)
 
 
 def republish_each(context: ServiceContext, queue: str, events: list[BatchedEvent]) -> None:

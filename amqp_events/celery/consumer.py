@@ -53,6 +53,7 @@ from amqp_events.celery.steps import breakers_of, consumes_in_processes
 from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
 from amqp_events.core.context import ServiceContext
+from amqp_events.core.delivery import Answer
 from amqp_events.core.router import Archive, route
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
@@ -238,7 +239,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             queue = self.consumed_from(message)
             if queue is None:  # which handlers may run it is not known: back to its queue, for another delivery
                 logger.warning("a message came with a consumer tag this worker does not know: returned to its queue")
-                return message.reject(requeue=True)
+                return self.settler_of(message).settle(Answer.REQUEUE)
             self.limited_queues.seen(queue)
             self.dispatcher.dispatch(message, queue, self.settler_of(message))
             return None
@@ -249,7 +250,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def on_message_of_no_queue(self, message: Message) -> None:
         logger.warning("the main process of a consuming pool received a message: returned to its queue")
-        message.reject(requeue=True)
+        self.settler_of(message).settle(Answer.REQUEUE)
 
     # Remote control's ``cancel_consumer`` and ``add_consumer``: with a consuming pool, its processes follow; with
     # the others, a queue whose breaker is open is consumed once the breaker lets it (steps.resume_consuming).

@@ -33,8 +33,8 @@ from amqp_events.celery import batches, ordered
 from amqp_events.celery.running import run_here
 from amqp_events.celery.settling import Archiver
 from amqp_events.core import router
-from amqp_events.core.delivery import Settler
-from amqp_events.core.outcome import Ack, Hold
+from amqp_events.core.delivery import Answer, Settler
+from amqp_events.core.outcome import Ack, Hold, RejectedByHandler, answer_of
 from amqp_events.core.router import Run, decoded_delivery
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import Revoked
@@ -154,11 +154,11 @@ class Dispatcher:
             info, hold = message.delivery_info, self.timer is not None
             outcome = run_here(self.app, task, delivery, info, self.hostname, hold)
         except Reject as exc:  # the handler rejected its message itself
-            settler.requeue() if exc.requeue else settler.reject()
+            settler.settle(answer_of(RejectedByHandler(bool(exc.requeue))))
             return
         except Exception:  # settling failed (the broker went away): it comes back, counted as a failed attempt
             logger.exception("could not settle %s[%s]", task.name, message.headers.get("id"))
-            settler.reject()
+            settler.settle(Answer.REJECT)
             return
         if isinstance(outcome, Hold):  # kept, unacked, and run again later
             if self.on_hold is not None:
@@ -167,7 +167,7 @@ class Dispatcher:
                 outcome.seconds, self.executor_of(task.handler), (self.run, (task, message, settler, True))
             )
             return
-        settler.ack(replaced=not isinstance(outcome, Ack))  # None: Celery's Retry (its copy sent) or Ignore
+        settler.settle(answer_of(outcome))
         if logged and isinstance(outcome, Ack):
             runtime = time.monotonic() - started
             trace_logger.info("Task %s[%s] succeeded in %ss: %s", task.name, delivery.event_id, runtime, None)

@@ -19,10 +19,10 @@ from celery.exceptions import Reject
 
 from amqp_events.celery.running import run_here
 from amqp_events.core.delivery import Delivery, Settler
-from amqp_events.core.outcome import Outcome
+from amqp_events.core.outcome import Outcome, RejectedByHandler
 from amqp_events.core.router import decoded_delivery
 from amqp_events.ordering.intake import key_of
-from amqp_events.ordering.runner import OrderedRunner, Pending, Rejected
+from amqp_events.ordering.runner import OrderedRunner, Pending
 from amqp_events.ordering.timers import Timers
 from amqp_events.wire.message import StoredMessage
 
@@ -81,11 +81,11 @@ def pending_of(app: Any, task: Any, message: Any, partition: str, settler: Settl
     if key is None:
         return None
 
-    def run(delivery: Delivery) -> Outcome | Rejected | None:
+    def run(delivery: Delivery) -> Outcome | RejectedByHandler | None:
         try:
             outcome: Outcome | None = run_here(app, task, delivery, info, hostname)
         except Reject as exc:
-            return Rejected(bool(exc.requeue))
+            return RejectedByHandler(bool(exc.requeue))
         return outcome
 
     return Pending(key, task.handler, delivery, stored, run, settler)

@@ -17,7 +17,7 @@ from typing import Any
 
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Settler
+from amqp_events.core.delivery import Answer, Settler
 from amqp_events.core.router import Archive, Copies, Defer, archived_delivery
 from amqp_events.core.settle import describe, publish_routed
 from amqp_events.errors import AlreadySettled
@@ -45,26 +45,17 @@ class ChannelSettler:
         #: The answer given ("" until then).
         self.answer = ""
 
-    def ack(self, replaced: bool = False) -> None:
-        self._once("acked")
-        if replaced and self.never_hold is not None:  # one callback: kombu's hub runs those posted in any order
-            self._send(_ack_unheld, self.message, self.never_hold)
-        else:
-            self._send(self.message.ack)
-
-    def requeue(self) -> None:
-        self._once("requeued")
-        self._send(self.message.reject, True)
-
-    def reject(self) -> None:
-        self._once("rejected")
-        self._send(self.message.reject, False)
-
-    def _once(self, answer: str) -> None:
+    def settle(self, answer: Answer) -> None:
         if self.answer:
             event_id = (getattr(self.message, "headers", None) or {}).get("id")
-            raise AlreadySettled(f"message {event_id!r} was {self.answer}; it cannot be {answer} as well")
-        self.answer = answer
+            raise AlreadySettled(f"message {event_id!r} was {self.answer}; it cannot be {answer.value} as well")
+        self.answer = answer.value
+        if answer is Answer.ACK_REPLACED and self.never_hold is not None:  # one callback: kombu's hub runs those
+            self._send(_ack_unheld, self.message, self.never_hold)  # posted in any order
+        elif answer is Answer.ACK or answer is Answer.ACK_REPLACED:
+            self._send(self.message.ack)
+        else:
+            self._send(self.message.reject, answer is Answer.REQUEUE)
 
     def _send(self, answer: Callable[..., Any], *args: Any) -> None:
         if self.post is not None and threading.get_ident() != self.thread:
@@ -138,7 +129,7 @@ class Archiver:
             about = f"a message of service {context.name!r} ({why}id {(message.headers or {}).get('id')!r})"
             self._failed(message, settler, publish, attempt, exc, about)
             return
-        settler.ack(replaced=True)
+        settler.settle(Answer.ACK_REPLACED)
 
     def _failed(
         self,
@@ -155,4 +146,4 @@ class Archiver:
             self.timer.call_after(delay, self._settle, (message, settler, publish, attempt + 1))
             return
         logger.error("could not archive %s: %s; returning it to its queue", about, describe(exc))
-        settler.requeue()
+        settler.settle(Answer.REQUEUE)

@@ -1,6 +1,6 @@
 """A message a worker took, in the core's terms: as it arrived (:class:`Received`), as its handler sees it
-(:class:`Delivery`), how its end reaches the broker (:class:`Settler`), and the handler running for it
-(:class:`Running`, read by :func:`current_event`)."""
+(:class:`Delivery`), the broker's answer about it (:class:`Answer`, sent by a :class:`Settler`), and the handler
+running for it (:class:`Running`, read by :func:`current_event`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from amqp_events.wire.message import EMPTY_EMBED, JSON, LOST_RUNS, EventMetadata, StoredMessage, event_id, event_name
@@ -67,22 +68,28 @@ class Delivery:
         return [list(self.args), dict(self.kwargs), EMPTY_EMBED]
 
 
+class Answer(Enum):
+    """The broker's answer about a message a worker took: AMQP's three, the ack in two kinds. A message gets one."""
+
+    #: Done with it: the broker forgets it.
+    ACK = "acked"
+    #: Done with it, a confirmed copy having taken its place (a retry, the archive, its events split). This ack
+    #: reaches the broker before the next message runs: lost with a process that message kills, it would leave the
+    #: message and its copy both about (a lost run would go uncounted, again and again).
+    ACK_REPLACED = "acked (replaced)"
+    #: Back to its queue as it is, for another delivery (its delivery count goes up).
+    REQUEUE = "requeued"
+    #: Refused: its queue dead-letters it (back into the queue, counted as a failed attempt).
+    REJECT = "rejected"
+
+
 class Settler(Protocol):
-    """How a worker ends a message it took, on the broker: AMQP's three answers. Each host sends them its own way
-    (from the consumer's thread, through a channel in memory); a message is settled once."""
+    """How a worker answers the broker about a message it took. Each host sends the answer its own way (from the
+    consumer's thread, through a channel in memory); a second answer raises
+    :class:`~amqp_events.errors.AlreadySettled`. Which answer an outcome gets is decided in one place:
+    :func:`amqp_events.core.outcome.answer_of`."""
 
-    def ack(self, replaced: bool = False) -> None:
-        """Done with it: the broker forgets it (any copy its outcome needed is confirmed already).
-
-        ``replaced``: a copy took its place (a retry, the archive, its events split). Such an ack reaches the
-        broker before the next message runs: lost with a process that message kills, it would leave the message
-        and its copy both about (a lost run would go uncounted, again and again)."""
-
-    def requeue(self) -> None:
-        """Back to its queue as it is, for another delivery (its delivery count goes up)."""
-
-    def reject(self) -> None:
-        """Refused: its queue dead-letters it (back into the queue, counted as a failed attempt)."""
+    def settle(self, answer: Answer) -> None: ...
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from amqp_events.core.delivery import Delivery
+from amqp_events.core.delivery import Answer, Delivery
 from amqp_events.core.policy import GiveUp, RetryPolicy
 from amqp_events.core.sections import Section, section_of
 from amqp_events.errors import BreakerOpen, Postponed, Rejected, WorkerLost
@@ -150,6 +150,27 @@ _REDELIVERY_NAMES = {
     "defer": "postponed",
 }
 Outcome = Ack | Redeliver | SendToArchive | Hold
+
+
+@dataclass(frozen=True)
+class RejectedByHandler:
+    """The handler rejected its message itself (Celery's ``Reject``): back to its queue, or dead-lettered."""
+
+    requeue: bool
+
+
+def answer_of(outcome: Outcome | RejectedByHandler | None) -> Answer:
+    """The broker's answer once ``outcome`` is carried out: the one acknowledgement policy of every host.
+
+    ``None``: the host's runtime took the run over (Celery's ``Retry`` sent its copy, or ``Ignore``). A
+    :class:`Hold` has no answer yet: the message is run again later."""
+    if isinstance(outcome, Ack):
+        return Answer.ACK
+    if isinstance(outcome, RejectedByHandler):
+        return Answer.REQUEUE if outcome.requeue else Answer.REJECT
+    if isinstance(outcome, Hold):
+        raise ValueError("a held message is answered once it has run")
+    return Answer.ACK_REPLACED
 
 
 @dataclass(frozen=True)

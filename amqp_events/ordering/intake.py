@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Delivery, Settler
+from amqp_events.core.delivery import Answer, Delivery, Settler
 from amqp_events.core.handler import Handler
 from amqp_events.core.settle import publish_routed
 from amqp_events.errors import BadArguments
@@ -41,7 +41,7 @@ def key_of(
         found = event_key(key if key is not None else handler.key_of(tuple(delivery.args), dict(delivery.kwargs)))
     except (BadArguments, ValueError) as exc:
         handling.dead_letter(context, replace(delivery, raw_body=stored.body), Reason.BAD_ARGUMENTS, exc)
-        settler.ack(replaced=True)
+        settler.settle(Answer.ACK_REPLACED)
         return None
     slotted = OutgoingMessage(
         ordered_exchange_name(context.name),
@@ -56,7 +56,7 @@ def key_of(
         publish_routed(context, slotted)
     except Exception:  # it comes back (dead-lettered to the intake queue) and is sent on again
         logger.exception("could not send event %s on to its partition; it comes back", delivery.event_id)
-        settler.reject()
+        settler.settle(Answer.REJECT)
         return None
-    settler.ack(replaced=True)
+    settler.settle(Answer.ACK_REPLACED)
     return None

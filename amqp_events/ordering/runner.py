@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.delivery import Delivery, Settler
+from amqp_events.core.delivery import Answer, Delivery, Settler
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Outcome, Redeliver, SendToArchive
+from amqp_events.core.outcome import Outcome, Redeliver, RejectedByHandler, SendToArchive, answer_of
 from amqp_events.ordering.lanes import Lanes
 from amqp_events.ordering.parking import Parking
 from amqp_events.ordering.sequences import Action
@@ -54,13 +54,6 @@ class Executor(Protocol):
         """No more calls: the pending ones are dropped, the running ones finish."""
 
 
-@dataclass(frozen=True)
-class Rejected:
-    """What a run returns when the handler rejected its message itself (Celery's ``Reject``)."""
-
-    requeue: bool
-
-
 @dataclass(slots=True)
 class Pending:
     """A message of an ordered handler in the runner: running, waiting behind its key, or waiting for its retry.
@@ -71,9 +64,8 @@ class Pending:
     delivery: Delivery
     #: The original as it sits on the broker (parking keeps a copy of it).
     stored: StoredMessage
-    #: Runs the handler on a delivery: the outcome settled, :class:`Rejected`, or ``None`` (the runtime took it:
-    #: Celery's ``Ignore``).
-    run: Callable[[Delivery], Outcome | Rejected | None]
+    #: Runs the handler on a delivery: the outcome settled, or ``None`` (the runtime took it: Celery's ``Ignore``).
+    run: Callable[[Delivery], Outcome | RejectedByHandler | None]
     #: How the original is settled on the broker.
     settler: Settler
     #: Its partition's turn with this runner (:meth:`OrderedRunner.forget` ends it); set by :meth:`OrderedRunner.take`.
@@ -179,11 +171,11 @@ class OrderedRunner:
             if action is None:
                 action = parking.admit(held.partition, held.key, delivery.event_id, delivery.headers)
                 if not takes_part(action, parking, held):
-                    return self.done(held, replaced=action is Action.PARK)
+                    return self.done(held, Answer.ACK_REPLACED if action is Action.PARK else Answer.ACK)
                 held.action = action
             outcome = held.run(delivery)
-            if isinstance(outcome, Rejected):  # the handler rejected its message itself: it gives up its place
-                held.settler.requeue() if outcome.requeue else held.settler.reject()
+            if isinstance(outcome, RejectedByHandler):  # it gives up its place
+                held.settler.settle(answer_of(outcome))
                 return self.lanes[held.partition].finish(held.key) if self.current(held) else None
             if isinstance(outcome, Redeliver):  # its retry: the later messages of its key wait behind it
                 held.delivery = retried(delivery, outcome)
@@ -195,12 +187,12 @@ class OrderedRunner:
             logger.exception("could not settle %s[%s]; running it again", held.handler.name, delivery.event_id)
             self.later(SETTLE_AGAIN_AFTER, held)
             return None
-        return self.done(held, replaced=archived)
+        return self.done(held, Answer.ACK_REPLACED if archived else Answer.ACK)
 
-    def done(self, held: Pending, replaced: bool = False) -> Pending | None:
-        """Ack ``held`` (``replaced``: by its parked or archived copy); returns the next message of its key to run
-        now, if any."""
-        held.settler.ack(replaced)
+    def done(self, held: Pending, answer: Answer) -> Pending | None:
+        """Ack ``held`` (:attr:`~Answer.ACK_REPLACED`: by its parked or archived copy); returns the next message of
+        its key to run now, if any."""
+        held.settler.settle(answer)
         return self.lanes[held.partition].finish(held.key) if self.current(held) else None
 
     def later(self, seconds: float, held: Pending) -> None:

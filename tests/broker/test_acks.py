@@ -16,6 +16,7 @@ from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
 from amqp_events.celery.settling import ChannelSettler, acked_unheld
+from amqp_events.core.delivery import Answer
 from amqp_events.testing import wait_for
 from amqp_events.transport import acks
 from amqp_events.transport.acks import HeldAcks
@@ -132,7 +133,7 @@ def marker(held: HeldAcks) -> Callable[[Message], None]:
 
 
 def replaced_by_the_router(message: Message, held: HeldAcks) -> None:
-    ChannelSettler(message, never_hold=marker(held)).ack(replaced=True)
+    ChannelSettler(message, never_hold=marker(held)).settle(Answer.ACK_REPLACED)
 
 
 def acked_by_celery_s_path(message: Message, held: HeldAcks) -> None:
@@ -155,8 +156,8 @@ def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held
         Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]).consume()
         while len(received) < 4:
             dying.drain_events(timeout=10)
-        ChannelSettler(received[0], never_hold=marker(held)).ack()  # the first of a run: at once
-        ChannelSettler(received[1], never_hold=marker(held)).ack()  # held
+        ChannelSettler(received[0], never_hold=marker(held)).settle(Answer.ACK)  # the first of a run: at once
+        ChannelSettler(received[1], never_hold=marker(held)).settle(Answer.ACK)  # held
         ack(received[2], held)
         channel.queue_declare(queue.name, passive=True)  # a round trip: what was sent is taken (the fourth runs)
         dying.connection.sock.close()  # the process dies running the fourth: nothing more is sent

@@ -5,12 +5,15 @@ ack would die with a process the message's copy kills next)."""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from typing import Any, ClassVar
 
 import pytest
 
 from amqp_events.celery.settling import ChannelSettler, acked_unheld
+from amqp_events.core.delivery import Answer
+from amqp_events.core.outcome import Ack, Hold, RejectedByHandler, answer_of
 from amqp_events.errors import AlreadySettled
 from amqp_events.wire.message import LOST_RUNS
 
@@ -28,14 +31,16 @@ class Message:
 
 
 def posted_from_a_pool_thread(done: list[tuple[str, int]], replaced: bool) -> list[tuple[Any, ...]]:
-    """What ``ack(replaced=...)``, given in a pool's thread, posts to the consumer's thread."""
+    """What an ack (``replaced``: :attr:`Answer.ACK_REPLACED`), given in a pool's thread, posts to the consumer's
+    thread."""
     posted: list[tuple[Any, ...]] = []
     settler = ChannelSettler(
         Message(done),
         post=lambda *call: posted.append(call),
         never_hold=lambda message: done.append(("mark", message.delivery_tag)),
     )
-    thread = threading.Thread(target=settler.ack, kwargs={"replaced": replaced})
+    answer = Answer.ACK_REPLACED if replaced else Answer.ACK
+    thread = threading.Thread(target=settler.settle, args=(answer,))
     thread.start()
     thread.join(10)
     assert not thread.is_alive() and not done  # nothing is done in the pool's thread
@@ -83,15 +88,26 @@ def test_celery_s_path_marks_only_a_message_that_may_be_counted_as_a_lost_run(re
     assert handed == [message] and seen == ([message] if marked else [])
 
 
-@pytest.mark.parametrize("first", ["ack", "requeue", "reject"])
-@pytest.mark.parametrize("second", ["ack", "requeue", "reject"])
+@pytest.mark.parametrize("first", list(Answer))
+@pytest.mark.parametrize("second", list(Answer))
 def test_a_message_is_settled_once_and_a_second_answer_raises_where_it_is_given(first, second):
     done: list[tuple[str, int]] = []
     settler = ChannelSettler(Answers(done))
-    getattr(settler, first)()
-    with pytest.raises(AlreadySettled, match=r"was (acked|requeued|rejected); it cannot be"):
-        getattr(settler, second)()
+    settler.settle(first)
+    with pytest.raises(AlreadySettled, match=rf"was {re.escape(first.value)}; it cannot be {re.escape(second.value)}"):
+        settler.settle(second)
     assert len(done) == 1  # the broker got the first answer alone
+
+
+def test_the_one_acknowledgement_policy():
+    """Only a run that published nothing is acked plainly: any other outcome's copy (a retry, the archive, or
+    Celery's own ``Retry``: ``None``) replaced the message; a handler's ``Reject`` is the broker's reject."""
+    assert answer_of(Ack()) is Answer.ACK and answer_of(Ack(duplicate=True)) is Answer.ACK
+    assert answer_of(None) is Answer.ACK_REPLACED
+    assert answer_of(RejectedByHandler(requeue=True)) is Answer.REQUEUE
+    assert answer_of(RejectedByHandler(requeue=False)) is Answer.REJECT
+    with pytest.raises(ValueError, match="held"):
+        answer_of(Hold(1.0, RuntimeError()))
 
 
 class Answers(Message):
