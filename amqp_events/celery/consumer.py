@@ -29,15 +29,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from celery import signals
-from celery.concurrency.solo import TaskPool as SoloPool
-from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.worker.consumer import Consumer
 from kombu import Connection
 from kombu.message import Message
 from vine import promise
 
-from amqp_events.celery.coroutine_loop import CoroutineRunner, runs_on_its_loop
+from amqp_events.celery.coroutine_loop import CoroutineRunner
 from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
+from amqp_events.celery.host import Host
 from amqp_events.celery.limited_queues import LimitedQueues
 from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
@@ -49,7 +48,7 @@ from amqp_events.celery.startup_warnings import (
     warn_of_time_limits,
     warn_of_unverified_authors,
 )
-from amqp_events.celery.steps import breakers_of, consumes_in_processes
+from amqp_events.celery.steps import breakers_of
 from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
 from amqp_events.core.context import ServiceContext
@@ -88,15 +87,14 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if type(self.pool).__module__ == "celery.concurrency.eventlet":
-            # Upstream (Celery 5.5-5.7, eventlet 0.3x-0.41): the consumer's connection is read from two green
-            # threads ("Second simultaneous read on fileno"): nothing is handled. gevent has no such problem.
+        self.host = host = Host.of(self.pool)
+        if host.refused:
             raise WorkerStartError(
-                "the eventlet pool is not supported: its worker reads the broker connection twice and handles "
-                "nothing. For handlers that wait on I/O use -P gevent -c N (or -P threads -c N)"
+                f"the {self.pool.__module__.rpartition('.')[2]} pool is not supported: {host.refused}. For handlers "
+                "that wait on I/O use -P gevent -c N (or -P threads -c N)"
             )
         coroutines = [h.name for h in self.app.handlers.values() if is_coroutine_handler(h.function)]
-        if coroutines and type(self.pool).__module__ == "celery.concurrency.gevent":
+        if coroutines and host.greenlets:
             # Each greenlet would run an event loop of its own inside gevent's: neither loop would know the other.
             raise WorkerStartError(
                 f"coroutine handlers ({', '.join(coroutines)}) cannot run under -P gevent: run this service's "
@@ -107,10 +105,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         warn_of_time_limits(self.app, self.pool)
         warn_of_unverified_authors(self.app.context)
         warn_of_shared_limited_queues(self.app.context)
-        on_its_loop = bool(coroutines) and runs_on_its_loop(self.pool)
+        on_its_loop = bool(coroutines) and host.runs_here
         in_flight = settings.async_concurrency if on_its_loop else 0
         size_prefetch(self, settings.worker_prefetch_limit, len(self.app.amqp.queues.consume_from), in_flight)
-        runs_at_once = max(self.pool.limit if isinstance(self.pool, ThreadsPool) else 1, in_flight)
+        runs_at_once = max(host.runs_at_once, in_flight)
         self.limited_queues = LimitedQueues(self, runs_at_once)
         self.archiver = Archiver(lambda: self.app.context, self.timer)
         self.consumed_queues = ConsumedQueues()
@@ -228,7 +226,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         return self._dispatcher
 
     def create_task_handler(self, promise: Callable[..., Any] = promise) -> Callable[[Message], Any]:
-        if consumes_in_processes(self.pool):  # the pool's processes consume: this process, none of the queues
+        if self.host.consumes_in_processes:  # the pool's processes consume: this process, none of the queues
             for queue in list(self.task_consumer.queues):
                 self.task_consumer.cancel_by_queue(queue.name)
             return self.on_message_of_no_queue
@@ -256,12 +254,12 @@ class EventConsumer(Consumer):  # type: ignore[misc]
     # the others, a queue whose breaker is open is consumed once the breaker lets it (steps.resume_consuming).
 
     def cancel_task_queue(self, queue: str) -> None:
-        if not consumes_in_processes(self.pool):
+        if not self.host.consumes_in_processes:
             return super().cancel_task_queue(queue)  # type: ignore[no-any-return]
         self._processes_consume(queue, False)
 
     def add_task_queue(self, queue: str, *args: Any, **options: Any) -> None:
-        if consumes_in_processes(self.pool):
+        if self.host.consumes_in_processes:
             return self._processes_consume(queue, True)
         queues, name = self.app.amqp.queues, self.queue_named(queue)
         if name in queues:  # selected, as upstream 5.6+ does (5.5 only consumed it: a breaker would not resume it)
@@ -284,13 +282,11 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             logger.warning("%s is not a queue of the app this worker's processes run: not followed", queue)
 
     def make_dispatcher(self, promise: Callable[..., Any]) -> Dispatcher:
-        pool = self.pool
-        if isinstance(pool, SoloPool):
+        host = self.host
+        if host.runs_in_the_consumers_thread:
             promise = acks_now(promise, deferred=(self.call_soon, getattr(self, "call_soon_ack", None)))
-        threads = isinstance(pool, ThreadsPool)
-        in_process = isinstance(pool, SoloPool | ThreadsPool)  # a handler that kills its process kills this one
         celery_path = super().create_task_handler(promise)  # Celery's request path, where it is needed
-        if in_process:  # whether a run's copy replaced its message is not known when Celery acks it
+        if host.runs_here:  # whether a run's copy replaced its message is not known when Celery acks it
             celery_path = acked_unheld(celery_path, self.never_hold)
         eventer = self.event_dispatcher
         return Dispatcher(
@@ -299,11 +295,11 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             lambda: runner_of(self.app, self),
             self.hostname,
             celery_path=celery_path,
-            executor=pool.apply_async if threads else inline,
+            executor=host.apply_async or inline,
             coroutines=self.coroutine_runner.submit if self.coroutine_runner is not None else None,
             # A consuming pool's process learns what the main process's remote control revoked through shared memory.
-            revoked=Revoked(pool.shared) if hasattr(pool, "shared") else self.controller.state.revoked,
-            bypass=in_process,
+            revoked=Revoked(host.shared) if host.shared is not None else self.controller.state.revoked,
+            bypass=host.runs_here,
             events=bool(eventer and eventer.enabled),
             timer=self.timer,
             on_hold=lambda queue: self.call_soon(self.limited_queues.held, queue),

@@ -23,9 +23,6 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from celery.concurrency.solo import TaskPool as SoloPool
-from celery.concurrency.thread import TaskPool as ThreadsPool
-
 from amqp_events.coroutines import WorkerLoop
 
 logger = logging.getLogger(__name__)
@@ -121,9 +118,3 @@ class CoroutineRunner:
     def stop(self) -> None:
         self.finish()
         self.worker_loop.stop()
-
-
-def runs_on_its_loop(pool: Any) -> bool:
-    """Does a worker with ``pool`` run coroutine handlers on its loop: solo, threads, and each process of the
-    consuming pool (a solo worker)? Prefork's children run each to completion; gevent refuses them."""
-    return isinstance(pool, SoloPool | ThreadsPool)

@@ -22,7 +22,7 @@ from typing import Any
 
 from celery import bootsteps
 
-from amqp_events.celery.steps import breakers_of, consumes_in_processes
+from amqp_events.celery.steps import breakers_of
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def readiness(c: Any) -> tuple[bool, str]:
     connection = c.connection
     if connection is None or not connection.connected:
         return False, "not connected to the broker"
-    if consumes_in_processes(c.pool):  # the main process consumes nothing: its processes do
+    if c.host.consumes_in_processes:  # the main process consumes nothing: its processes do
         consuming, processes = sum(c.pool.shared.consuming), c.pool.limit
         if consuming < processes:
             why = "others starting, replaced or reconnecting"

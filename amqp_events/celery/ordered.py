@@ -14,7 +14,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from celery.concurrency.solo import TaskPool as SoloPool
 from celery.exceptions import Reject
 
 from amqp_events.celery.running import run_here
@@ -39,7 +38,7 @@ class WorkerExecutor:
         pool = consumer.pool
         self.threads = (
             None
-            if isinstance(pool, SoloPool)
+            if consumer.host.runs_in_the_consumers_thread
             else ThreadPoolExecutor(max_workers=max(1, pool.limit or 1), thread_name_prefix="amqp-events-ordered")
         )
         self.timers = Timers()

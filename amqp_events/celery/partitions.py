@@ -26,7 +26,6 @@ from kombu import Consumer
 from kombu.message import Message
 
 from amqp_events.celery.settling import ChannelSettler
-from amqp_events.celery.steps import consumes_in_processes
 from amqp_events.topology.names import is_partition_queue, workers_queue_name
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ class Partitions(bootsteps.StartStopStep):  # type: ignore[misc]
         self.roll_call: Any = None
 
     def include_if(self, c: Any) -> bool:
-        return not consumes_in_processes(c.pool)  # each of the pool's processes consumes partitions
+        return not c.host.consumes_in_processes  # each of the pool's processes consumes partitions
 
     def start(self, c: Any) -> None:
         queues = [q for q in c.app.topology.event_queues if is_partition_queue(q.name, c.app.service)]

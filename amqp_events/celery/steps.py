@@ -114,7 +114,7 @@ class BreakerControl(bootsteps.StartStopStep):  # type: ignore[misc]
         breakers = breakers_of(c.app)
         if breakers is None:
             return
-        if consumes_in_processes(c.pool):  # its processes follow the breakers' states themselves
+        if c.host.consumes_in_processes:  # its processes follow the breakers' states themselves
             breakers.start(pause=ignore, resume=ignore)
         else:
             breakers.start(functools.partial(stop_consuming, c), functools.partial(resume_consuming, c))
@@ -131,11 +131,6 @@ class BreakerControl(bootsteps.StartStopStep):  # type: ignore[misc]
         breakers = breakers_of(c.app)
         if breakers is not None:
             breakers.stop()
-
-
-def consumes_in_processes(pool: Any) -> bool:
-    """Is ``pool`` one whose processes consume (:mod:`amqp_events.celery.pool`), the main process consuming nothing?"""
-    return bool(getattr(pool, "consumes_in_processes", False))
 
 
 def ignore(queue: str) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 from celery.utils.functional import maybe_list
 from celery.worker.control import Panel, nok
 
-from amqp_events.celery.steps import breakers_of, consumes_in_processes
+from amqp_events.celery.steps import breakers_of
 
 #: The commands wrapped, by name, with what they wrap (kept once per process).
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
@@ -42,8 +42,8 @@ def install() -> None:
 
 def _pool(state: Any) -> Any:
     """The worker's pool when it is the consuming pool (``None``: the command is Celery's own)."""
-    pool = state.consumer.pool
-    return pool if consumes_in_processes(pool) else None
+    consumer = state.consumer
+    return consumer.pool if consumer.host.consumes_in_processes else None
 
 
 def revoke(state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kwargs: Any) -> Any:
