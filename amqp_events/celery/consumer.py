@@ -5,7 +5,7 @@
   that names the queue, the argument and both values (raised from the
   consumer's start-up, where Celery treats it as unrecoverable). A worker
   that ends up consuming none of its service's event queues says so loudly.
-* Every message goes through the one dispatcher (:mod:`amqp_events.celery.dispatch`): routed, then archived,
+* Every message goes through the one dispatcher (:mod:`amqp_events.dispatch.dispatcher`): routed, then archived,
   run here or handed to Celery's request path; never dropped or requeued in a loop.
 * With the solo pool, acks are sent at once; a warm shutdown wakes the event
   loop at once (:mod:`amqp_events.celery.loop`).
@@ -35,14 +35,13 @@ from kombu.message import Message
 from vine import promise
 
 from amqp_events.celery.coroutine_loop import CoroutineRunner
-from amqp_events.celery.dispatch import Dispatcher, inline, install_limits
 from amqp_events.celery.host import Host
 from amqp_events.celery.limited_queues import LimitedQueues
-from amqp_events.celery.loop import LoopWaker, acks_now, call_now, run_queued
+from amqp_events.celery.loop import LoopWaker, acked_unheld, acks_now, call_now, run_queued
 from amqp_events.celery.ordered import runner_of
 from amqp_events.celery.pool.shared import Revoked
 from amqp_events.celery.prefetch import size_prefetch
-from amqp_events.celery.settling import Archiver, ChannelSettler, acked_unheld
+from amqp_events.celery.running import CeleryRuntime
 from amqp_events.celery.startup_warnings import (
     warn_of_shared_limited_queues,
     warn_of_time_limits,
@@ -55,10 +54,13 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Answer
 from amqp_events.core.router import Archive, route
 from amqp_events.coroutines import is_coroutine_handler
+from amqp_events.dispatch.dispatcher import Dispatcher, inline
+from amqp_events.dispatch.settling import Archiver, ChannelSettler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.transport.acks import HeldAcks
 from amqp_events.transport.declare import declare_topology
+from amqp_events.transport.decoders import install_limits
 from amqp_events.wire.limits import decoding_reason
 from amqp_events.wire.message import Reason
 
@@ -289,18 +291,16 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         if host.runs_here:  # whether a run's copy replaced its message is not known when Celery acks it
             celery_path = acked_unheld(celery_path, self.never_hold)
         eventer = self.event_dispatcher
+        runtime = CeleryRuntime(self.app, self.hostname, celery_path, host.runs_here, bool(eventer and eventer.enabled))
         return Dispatcher(
-            self.app,
+            lambda: self.app.context,
+            runtime,
             self.archiver,
             lambda: runner_of(self.app, self),
-            self.hostname,
-            celery_path=celery_path,
             executor=host.apply_async or inline,
             coroutines=self.coroutine_runner.submit if self.coroutine_runner is not None else None,
             # A consuming pool's process learns what the main process's remote control revoked through shared memory.
             revoked=Revoked(host.shared) if host.shared is not None else self.controller.state.revoked,
-            bypass=host.runs_here,
-            events=bool(eventer and eventer.enabled),
             timer=self.timer,
             on_hold=lambda queue: self.call_soon(self.limited_queues.held, queue),
         )

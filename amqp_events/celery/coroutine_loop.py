@@ -1,7 +1,7 @@
 """Coroutine handlers in a solo or threads worker (and each process of the consuming pool): the worker's event
 loop, stepped by the consumer's.
 
-The dispatcher (:mod:`amqp_events.celery.dispatch`) hands each message of a coroutine handler to
+The dispatcher (:mod:`amqp_events.dispatch.dispatcher`) hands each message of a coroutine handler to
 :meth:`CoroutineRunner.submit`; its pipeline runs on the worker's loop (:class:`~amqp_events.coroutines.
 WorkerLoop`), ``amqp_events_async_concurrency`` at a time. That loop has no thread: the consumer's event loop
 (kombu's hub) steps it in its own thread, before each poll while callbacks are due, when one of its sockets

@@ -1,5 +1,5 @@
 """Running one message of a service in the caller's thread, as a ``celery worker`` with the solo pool
-would: through the same dispatcher (:mod:`amqp_events.celery.dispatch`), with Celery's ``Request`` traced in this
+would: through the same dispatcher (:mod:`amqp_events.dispatch.dispatcher`), with Celery's ``Request`` traced in this
 thread where something configured needs Celery's own path. The in-process mode of :mod:`amqp_events.testing` runs
 every message through here, so that an outcome there is decided by the very code a worker runs.
 
@@ -18,9 +18,10 @@ from kombu.message import Message
 from kombu.serialization import prepare_accept_content
 from kombu.utils.imports import symbol_by_name
 
-from amqp_events.celery.dispatch import Dispatcher
-from amqp_events.celery.settling import Archiver, ChannelSettler
+from amqp_events.celery.running import CeleryRuntime
 from amqp_events.core.router import Run
+from amqp_events.dispatch.dispatcher import Dispatcher
+from amqp_events.dispatch.settling import Archiver, ChannelSettler
 from amqp_events.errors import NotModelled
 from amqp_events.ordering.runner import Executor, OrderedRunner
 
@@ -36,8 +37,9 @@ class InlineWorker:
         #: Ordered handlers' messages, run by the runner a worker's consumer has, on ``executor``.
         self.runner = OrderedRunner(lambda: app.context, executor)
         archiver = Archiver(lambda: app.context, timer=NoArchiveRetries())
+        runtime = CeleryRuntime(app, self.hostname, celery_path=self._traced)
         self.dispatcher = Dispatcher(
-            app, archiver, lambda: self.runner, self.hostname, celery_path=self._traced, timer=HeldRuns(executor)
+            lambda: app.context, runtime, archiver, lambda: self.runner, timer=HeldRuns(executor)
         )
 
     def run(

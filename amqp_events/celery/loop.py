@@ -1,5 +1,5 @@
-"""Adjustments of the worker's event loop (kombu's hub): acks sent at once, a poll ended at once, what other
-threads queued run before the consumer's steps stop.
+"""Adjustments of the worker's event loop (kombu's hub): acks sent at once (or never held), a poll ended at once,
+what other threads queued run before the consumer's steps stop.
 
 Checked on Celery 5.5.3, 5.6.3 and 5.7.0 with kombu 5.5.4, 5.6.2 and 5.7.0 (tests/broker/test_celery_compat.py).
 """
@@ -11,6 +11,8 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from amqp_events.wire.message import LOST_RUNS
 
 logger = logging.getLogger(__name__)
 
@@ -81,3 +83,17 @@ class LoopWaker:
     def _drain(self) -> None:
         with contextlib.suppress(OSError):
             os.read(self.read_fd, 4096)
+
+
+def acked_unheld(handle: Callable[[Any], Any], never_hold: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """``handle`` (Celery's request path): whether a run's copy replaced its message is not known when Celery acks
+    it, so the ack of a message that may be counted as a lost run (the broker gave it back, or it carries lost
+    runs: its copy, published at once, would be the next delivery) is never held (``never_hold``). Holding
+    every one would cost a frame and a settlement per message."""
+
+    def unheld(message: Any) -> Any:
+        if (message.delivery_info or {}).get("redelivered") or LOST_RUNS in (message.headers or {}):
+            never_hold(message)
+        return handle(message)
+
+    return unheld

@@ -14,16 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from celery.exceptions import Reject
-
-from amqp_events.celery.running import run_here
-from amqp_events.core.delivery import Delivery, Settler
-from amqp_events.core.outcome import Outcome, RejectedByHandler
-from amqp_events.core.router import decoded_delivery
-from amqp_events.ordering.intake import key_of
-from amqp_events.ordering.runner import OrderedRunner, Pending
+from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.ordering.timers import Timers
-from amqp_events.wire.message import StoredMessage
 
 logger = logging.getLogger(__name__)
 
@@ -69,22 +61,3 @@ def runner_of(app: Any, consumer: Any) -> OrderedRunner:
     if runner is None:
         runner = consumer.ordered_runner = OrderedRunner(lambda: app.context, WorkerExecutor(consumer))
     return runner
-
-
-def pending_of(app: Any, task: Any, message: Any, partition: str, settler: Settler, hostname: str) -> Pending | None:
-    """``message`` of ordered handler ``task`` as the runner holds it; ``None`` when it was sent on to its
-    partition or archived instead (:func:`~amqp_events.ordering.intake.key_of`)."""
-    delivery, info = decoded_delivery(message, partition), message.delivery_info
-    stored = StoredMessage(message.headers, message.body, message.content_type, message.content_encoding)
-    key = key_of(app.context, task.handler, stored, delivery, settler)
-    if key is None:
-        return None
-
-    def run(delivery: Delivery) -> Outcome | RejectedByHandler | None:
-        try:
-            outcome: Outcome | None = run_here(app, task, delivery, info, hostname)
-        except Reject as exc:
-            return RejectedByHandler(bool(exc.requeue))
-        return outcome
-
-    return Pending(key, task.handler, delivery, stored, run, settler)

@@ -25,7 +25,7 @@ from celery import bootsteps
 from kombu import Consumer
 from kombu.message import Message
 
-from amqp_events.celery.settling import ChannelSettler
+from amqp_events.dispatch.settling import ChannelSettler
 from amqp_events.topology.names import is_partition_queue, workers_queue_name
 
 logger = logging.getLogger(__name__)

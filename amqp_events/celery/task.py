@@ -42,7 +42,7 @@ class EventHandler(Task):  # type: ignore[misc]  # celery.Task is untyped
     """
 
     #: Celery builds this worker-side request for every message it runs its own way (the prefork pool, ...:
-    #: :mod:`amqp_events.celery.dispatch`): it counts pool processes lost.
+    #: :mod:`amqp_events.celery.running`): it counts pool processes lost.
     Request = "amqp_events.celery.request:EventRequest"
     #: The handler as the core sees it (set by ``@app.handler``).
     handler: ClassVar[Handler]

@@ -1,16 +1,22 @@
-"""The intake of ordered handlers: an event that came without its key's slot is sent on to its partition."""
+"""The intake of ordered handlers: a message taken for the ordered runner (:func:`pending_of`); an event that came
+without its key's slot is sent on to its partition first."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Answer, Delivery, Settler
 from amqp_events.core.handler import Handler
+from amqp_events.core.outcome import Outcome, RejectedByHandler
+from amqp_events.core.router import decoded_delivery
 from amqp_events.core.settle import publish_routed
 from amqp_events.errors import BadArguments
+from amqp_events.ordering.runner import Pending
 from amqp_events.topology import ordered_exchange_name
 from amqp_events.topology.names import intake_queue_name, slot_of
 from amqp_events.wire.message import EVENT_KEY, EVENT_SLOT, OutgoingMessage, Reason, StoredMessage, event_key
@@ -60,3 +66,21 @@ def key_of(
         return None
     settler.settle(Answer.ACK_REPLACED)
     return None
+
+
+def pending_of(
+    context: ServiceContext,
+    handler: Handler,
+    message: Any,
+    partition: str,
+    settler: Settler,
+    run: Callable[[Handler, Delivery, Mapping[str, Any]], Outcome | RejectedByHandler | None],
+) -> Pending | None:
+    """``message`` of the ordered ``handler`` as the runner holds it (``run``: the host's run of a handler); ``None``
+    when it was sent on to its partition or archived instead (:func:`key_of`)."""
+    delivery, info = decoded_delivery(message, partition), message.delivery_info
+    stored = StoredMessage(message.headers, message.body, message.content_type, message.content_encoding)
+    key = key_of(context, handler, stored, delivery, settler)
+    if key is None:
+        return None
+    return Pending(key, handler, delivery, stored, lambda delivery: run(handler, delivery, info), settler)

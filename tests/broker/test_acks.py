@@ -15,8 +15,9 @@ from amqp.exceptions import NotFound
 from kombu import Connection, Consumer, Producer, Queue
 from kombu.message import Message
 
-from amqp_events.celery.settling import ChannelSettler, acked_unheld
+from amqp_events.celery.loop import acked_unheld
 from amqp_events.core.delivery import Answer
+from amqp_events.dispatch.settling import ChannelSettler
 from amqp_events.testing import wait_for
 from amqp_events.transport import acks
 from amqp_events.transport.acks import HeldAcks

@@ -11,9 +11,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from amqp_events.celery.settling import ChannelSettler, acked_unheld
+from amqp_events.celery.loop import acked_unheld
 from amqp_events.core.delivery import Answer
 from amqp_events.core.outcome import Ack, Hold, RejectedByHandler, answer_of
+from amqp_events.dispatch.settling import ChannelSettler
 from amqp_events.errors import AlreadySettled
 from amqp_events.wire.message import LOST_RUNS
 

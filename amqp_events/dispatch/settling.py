@@ -21,7 +21,7 @@ from amqp_events.core.delivery import Answer, Settler
 from amqp_events.core.router import Archive, Copies, Defer, archived_delivery
 from amqp_events.core.settle import describe, publish_routed
 from amqp_events.errors import AlreadySettled
-from amqp_events.wire.message import LOST_RUNS, OutgoingMessage
+from amqp_events.wire.message import OutgoingMessage
 
 logger = logging.getLogger(__name__)
 
@@ -67,20 +67,6 @@ class ChannelSettler:
 def _ack_unheld(message: Any, never_hold: Callable[[Any], None]) -> None:
     never_hold(message)
     message.ack()
-
-
-def acked_unheld(handle: Callable[[Any], Any], never_hold: Callable[[Any], None]) -> Callable[[Any], Any]:
-    """``handle`` (Celery's request path): whether a run's copy replaced its message is not known when Celery acks
-    it, so the ack of a message that may be counted as a lost run (the broker gave it back, or it carries lost
-    runs: its copy, published at once, would be the next delivery) is never held (``never_hold``). Holding
-    every one would cost a frame and a settlement per message."""
-
-    def unheld(message: Any) -> Any:
-        if (message.delivery_info or {}).get("redelivered") or LOST_RUNS in (message.headers or {}):
-            never_hold(message)
-        return handle(message)
-
-    return unheld
 
 
 def _logged(answer: Callable[..., Any], *args: Any) -> None:

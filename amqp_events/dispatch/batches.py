@@ -5,7 +5,7 @@ Each event is first read by the ``before_receive`` hooks, as a message that
 came alone would be; one they change or refuse is sent back to the
 handler's queue by itself, to be read again (and archived with its reason,
 if refused) as an ordinary message. Where a message goes Celery's own way
-(the prefork pool, task signals, and so on: :mod:`amqp_events.celery.dispatch`),
+(the prefork pool, task signals, and so on: :mod:`amqp_events.celery.running`),
 a batch is *split* instead: all its events are sent back one by one
 (confirmed), then the batch is acked.
 """
@@ -13,14 +13,14 @@ a batch is *split* instead: all its events are sent back one by one
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery.exceptions import Reject
-
-from amqp_events.celery.running import run_here
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Answer, Delivery, Received, Settler
+from amqp_events.core.handler import Handler
+from amqp_events.core.outcome import Outcome, RejectedByHandler
 from amqp_events.errors import PublishError, Refused, TopologyMissing
 from amqp_events.topology.names import to_queue
 from amqp_events.wire.batch import BatchedEvent, events_of
@@ -28,26 +28,28 @@ from amqp_events.wire.message import EMPTY_EMBED, JSON, OutgoingMessage, event_n
 
 logger = logging.getLogger(__name__)
 
+#: The host's run of a handler on one delivery (:meth:`amqp_events.dispatch.runtime.Runtime.run`).
+RunHandler = Callable[[Handler, Delivery, Mapping[str, Any]], Outcome | RejectedByHandler | None]
 
-def run_batch(app: Any, task: Any, message: Any, settler: Settler, hostname: str) -> None:
-    """Run the events of a batch of ``task``'s, then ack it (or reject it, when settling failed: it comes back,
-    and an inbox skips what ran)."""
-    handler = task.handler
+
+def run_batch(context: ServiceContext, handler: Handler, message: Any, settler: Settler, run: RunHandler) -> None:
+    """Run the events of a batch of ``handler``'s (each with ``run``, the host's), then ack it (or reject it, when
+    settling failed: it comes back, and an inbox skips what ran)."""
     info = message.delivery_info
     alone = []
     try:
         for event in events_of(handler.event, message.decode()):
-            if not receive_hooks_pass_unchanged(app.context, handler.queue, event):
+            if not receive_hooks_pass_unchanged(context, handler.queue, event):
                 alone.append(event)
                 continue
             delivery = Delivery(event.headers, handler.queue, "", handler.queue, event.args, event.kwargs)
-            try:
-                run_here(app, task, delivery, info, hostname)
-            except Reject:  # the handler rejected its message itself: it gets one to reject, alone
+            if isinstance(run(handler, delivery, info), RejectedByHandler):  # it gets one to reject, alone
                 alone.append(event)
-        republish_each(app.context, handler.queue, alone)
+        republish_each(context, handler.queue, alone)
     except Exception:
-        logger.exception("could not settle replay batch %s of %s; it comes back", message.headers.get("id"), task.name)
+        logger.exception(
+            "could not settle replay batch %s of %s; it comes back", message.headers.get("id"), handler.name
+        )
         settler.settle(Answer.REJECT)
         return
     settler.settle(Answer.ACK_REPLACED)  # its events' retries (and those sent alone) are copies of it
