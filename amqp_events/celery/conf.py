@@ -18,6 +18,7 @@ from celery.apps.worker import Worker
 from celery.utils.log import task_logger
 from celery.utils.nodenames import default_nodename, gethostname, host_format, nodename
 
+from amqp_events.celery.host import Host
 from amqp_events.celery.pool import ConsumingPool, chosen_by_default
 from amqp_events.errors import SettingsFrozen, WorkerStartError
 from amqp_events.middleware.logs import JsonFormatter
@@ -103,7 +104,7 @@ class EventsWorker(Worker):  # type: ignore[misc]
                 "--autoscale is not supported by the consuming pool (the default): give -c N, or -P prefork"
             )
         super().setup_instance(*args, **kwargs)  # the pool is made here, and started later
-        if isinstance(self.pool, ConsumingPool):
+        if Host.of(self.pool).consumes_in_processes:  # each process it starts runs a worker with this one's options
             self.pool.worker = self
 
     def setup_logging(self, colorize: bool | None = None) -> Any:
