@@ -70,11 +70,18 @@ def amqp_events_breaker(state: Any, service: str, handler: str, action: str) -> 
     return {"service": service, "matched": names, "action": action}
 
 
-def steer(app: Any, service: str, handler: str, action: str, wait: float = 3.0) -> dict[str, list[str]]:
+def steer(
+    app: Any, service: str, handler: str, action: str, wait: float = 3.0, expected: int = 0
+) -> dict[str, list[str]]:
     """Hold ``handler``'s breaker open (``open``) or release it (``close``) in every live worker of ``service``;
-    returns the handlers each worker that has it matched, by worker."""
+    returns the handlers each worker that has it matched, by worker. Replies are awaited for ``wait`` seconds, or
+    until ``expected`` workers (those known to be online: 0, not known) have answered."""
     replies = control_of(app, service).broadcast(
-        COMMAND, arguments={"service": service, "handler": handler, "action": action}, reply=True, timeout=wait
+        COMMAND,
+        arguments={"service": service, "handler": handler, "action": action},
+        reply=True,
+        timeout=wait,
+        limit=expected or None,
     )
     matched = {}
     for reply in replies:

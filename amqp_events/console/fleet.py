@@ -249,11 +249,12 @@ class Fleet:
         self.app.loader.import_default_modules()
         return next((handler for handler in self.app.handlers.values() if handler.name == handler_name), None)
 
-    def steer(self, service: str, handler: str, action: str, by: str, wait: float = 3.0) -> dict[str, list[str]]:
+    def steer(self, service: str, handler: str, action: str, by: str, wait: float = 10.0) -> dict[str, list[str]]:
         """Pause (``open``) or resume (``close``) ``handler`` in every live worker of ``service``; the handlers
-        each worker matched, by worker."""
+        each worker matched, by worker. The answers are awaited until each worker online has given its own (a busy
+        worker may take seconds), ``wait`` seconds at most."""
         self.service(service)
-        matched = control.steer(self.app, service, handler, action, wait)
+        matched = control.steer(self.app, service, handler, action, wait, expected=len(self.workers(service)))
         verb = "pause" if action == "open" else "resume"
         self.audit.record(by, verb, service, f"handler {handler}", workers=sorted(matched))
         return matched
