@@ -26,10 +26,49 @@ settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
 
+#: The test modules whose outcome depends on the RabbitMQ line, and how: their broker tests run on every supported
+#: line (``every_line``: ``scripts/test`` runs them on the other line too); the rest exercise the library over what
+#: both lines do alike, and run on the machine's line.
+ON_EVERY_LINE = {
+    "test_isolation": "the dead-lettering headers a sender can forge (3.10 keeps a sender's x-first-death-*)",
+    "test_least_privilege": "permissions, topic authorisation and user_id validation",
+    "test_security": "permissions and user_id validation",
+    "test_hostile_input": "frame, header and message size limits (4.0: 16 MiB messages)",
+    "test_bad_input": "what the broker lets through of malformed messages",
+    "test_fuzz": "what the broker lets through of hostile messages",
+    "test_retries": "per-message TTL and dead-lettering on the delay ladder",
+    "test_archive": "x-death, dead-lettering and queue length limits",
+    "test_acks": "acks, multiple acks and rejects on a channel",
+    "test_worker_lost": "redelivery counts (quorum queues' delivery count and limit)",
+    "test_durability": "what a crashed node keeps and recovers",
+    "test_prefetch": "QoS (4.0 refuses a global prefetch on quorum queues)",
+    "test_flow_control": "the windows kept on the broker (message TTL, queue length)",
+    "test_flow_waiting": "a queue consumed at a prefetch of its own",
+    "test_history": "streams",
+    "test_cli": "the management API and the node's own commands",
+    "test_console": "the management API",
+    "test_console_groups": "the management API, remote control",
+    "test_metrics": "the management API",
+    "test_monitoring": "the management API and Prometheus' scrape of the node",
+    "test_queue_layouts": "declare arguments' equivalence",
+    "test_layout_move": "moving messages between queues of both kinds",
+    "test_local_broker": "starting and stopping a node of the line",
+    "test_celery_operators": "Celery's remote control queues (transient, auto-deleted)",
+    "test_celery_compat": "Celery's QoS and queue declarations",
+    "test_consuming_pool": "consumers per process, cancelled and resumed",
+    "test_ordered": "single-active-consumer partitions",
+    "test_cluster": "quorum queues' replication and leader election under node loss and partitions",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark tests by the servers they use: ``broker``, ``cluster``, ``database``. ``-m "not broker"``: the fast tier."""
+    """Mark tests by the servers they use: ``broker``, ``cluster``, ``database``; and ``every_line`` (see
+    :data:`ON_EVERY_LINE`). ``-m "not broker"``: the fast tier."""
     for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__.rpartition(".")[2] in ON_EVERY_LINE:
+            item.add_marker(pytest.mark.every_line)
         fixtures = getattr(item, "fixturenames", ())
         on_a_broker = getattr(item, "callspec", None) and item.callspec.params.get("mode") == "broker"  # contract
         if "rabbitmq" in fixtures or "rabbitmq_cluster" in fixtures or on_a_broker:
