@@ -87,9 +87,14 @@ class EventConsumer(Consumer):  # type: ignore[misc]
             step for step in Consumer.Blueprint.default_steps if not step.endswith(":DelayedDelivery")
         ]
 
+    @functools.cached_property
+    def host(self) -> Host:
+        """What the worker's pool can do: read once, by the blueprint's steps before ``__init__`` returns too."""
+        return Host.of(self.pool)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.host = host = Host.of(self.pool)
+        host = self.host
         if host.refused:
             raise WorkerStartError(
                 f"the {self.pool.__module__.rpartition('.')[2]} pool is not supported: {host.refused}. For handlers "

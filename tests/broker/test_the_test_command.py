@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from helpers import ROOT
 
-from amqp_events.local.processes import STARTED, alive, group_members, same, start_session
+from amqp_events.local.processes import STARTED, alive, group_members, same, start_session, sweep
 from amqp_events.testing import wait_for
 
 #: The harness's own bounds on what an interrupted run stops, one after another: the worker (a warm shutdown, 20 s,
@@ -51,3 +51,4 @@ def test_stopping_the_test_command_leaves_no_process_it_started(tmp_path, interr
         if script.poll() is None:
             os.killpg(script.pid, signal.SIGKILL)
             script.wait(10)
+        sweep(ledger)  # what a failed run left (the node and the worker run in sessions of their own)
