@@ -97,10 +97,10 @@ def sweep(ledger: Path, timeout: float = 10.0) -> list[int]:
         if (not alive(pid) or same(pid, started)) and _signal_group(pid, signal.SIGTERM):
             groups.append(pid)
         entry.unlink(missing_ok=True)
-    if not _gone(groups, timeout):
+    if not groups_gone(groups, timeout):
         for pid in groups:
             _signal_group(pid, signal.SIGKILL)
-        _gone(groups, 10.0)  # a signalled process ends a moment later
+        groups_gone(groups, 10.0)  # a signalled process ends a moment later
     return groups
 
 
@@ -110,7 +110,7 @@ def group_members(pgid: int) -> list[int]:
     return [pid for pid in pids if (fields := _stat(pid)) and fields[0] != "Z" and int(fields[2]) == pgid]
 
 
-def _gone(groups: list[int], timeout: float) -> bool:
+def groups_gone(groups: list[int], timeout: float) -> bool:
     """Wait up to ``timeout`` seconds until no process of ``groups`` runs; has none?"""
     deadline = time.monotonic() + timeout
     while any(group_members(pgid) for pgid in groups):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from amqp_events.errors import WorkerStartError
-from amqp_events.local.processes import alive, start_session
+from amqp_events.local.processes import alive, groups_gone, start_session
 
 #: Flags every worker of this library should run with (docs/guides/production.md, "Running workers").
 WORKER_FLAGS = ("--without-mingle", "--without-heartbeat", "--without-gossip")
@@ -77,7 +77,8 @@ class WorkerProcess:
         self.wait(10)
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        """Warm shutdown (SIGTERM), then SIGKILL of the process group after ``timeout``."""
+        """Warm shutdown (SIGTERM), then SIGKILL of the process group after ``timeout``; returns once no process
+        of the group runs (a pool process that outlived the main one would still be connected, and consuming)."""
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -89,6 +90,9 @@ class WorkerProcess:
             # Pool children left behind by a crashed parent. While any is in its group, the kernel gives its number
             # to no new process; a process at that PID means the group is empty and the number was given again.
             self._signal_group(signal.SIGKILL)
+        if not groups_gone([self.pid], 10.0):
+            self._signal_group(signal.SIGKILL)
+            groups_gone([self.pid], 10.0)
         return self.process.returncode
 
     def wait(self, timeout: float) -> int | None:

@@ -12,6 +12,8 @@ pytestmark = pytest.mark.broker
 
 PER_SERVICE = {"AMQP_EVENTS_QUEUE_LAYOUT": "per_service"}
 PER_HANDLER = {"AMQP_EVENTS_QUEUE_LAYOUT": "per_handler"}
+#: Seconds a retry waits on the delay ladder.
+RETRY_WAIT = 20
 
 
 def runs(records, event_id: str, handler: str) -> list[int]:
@@ -23,9 +25,10 @@ def test_a_move_to_the_per_service_layout_and_back_loses_nothing_and_runs_nothin
     worker, producer, records, cli_process
 ):
     old = worker("accounts", env=PER_HANDLER)
-    # Retries of each handler waiting on the ladder, addressed to its own queue by name; an archived event.
-    later_unnamed = producer.fire("test.ping", ["later-1"], {"how": {"countdown": 4, "only": "accounts"}})
-    later_named = producer.fire("test.ping", ["later-2"], {"how": {"countdown": 4, "only": "accounts.audit"}})
+    # Retries of each handler waiting on the ladder, addressed to its own queue by name, through the move (their
+    # wait is longer than stopping the worker and moving takes); an archived event.
+    later_unnamed = producer.fire("test.ping", ["later-1"], {"how": {"countdown": RETRY_WAIT, "only": "accounts"}})
+    later_named = producer.fire("test.ping", ["later-2"], {"how": {"countdown": RETRY_WAIT, "only": "accounts.audit"}})
     archived = producer.fire("test.ping", ["archived"], {"how": {"permanent": True, "only": "accounts.audit"}})
     [entry] = wait_archived(producer.archive("accounts"), 1)
     assert entry.queue == "accounts:test.ping:audit"
@@ -37,7 +40,7 @@ def test_a_move_to_the_per_service_layout_and_back_loses_nothing_and_runs_nothin
 
     moved = cli_process("topology", "move", "--yes", app="services.accounts", env=PER_SERVICE)
     assert moved.exit_code == 0, moved.output
-    assert "moved 5 message(s) out of accounts:test.ping\n" in moved.output
+    assert "moved 5 message(s) out of accounts:test.ping\n" in moved.output, "a retry left the ladder before the move"
     assert "deleted accounts:test.ping:audit" in moved.output
     checked = cli_process("topology", "check", app="services.accounts", env=PER_SERVICE)
     assert checked.exit_code == 0, checked.output
@@ -46,8 +49,8 @@ def test_a_move_to_the_per_service_layout_and_back_loses_nothing_and_runs_nothin
     new = worker("accounts", env=PER_SERVICE)
     for event_id in backlog:
         wait_for(lambda e=event_id: runs(records, e, "accounts.audit") and runs(records, e, "accounts"), 30)
-    wait_for(lambda: len(runs(records, later_unnamed, "accounts")) == 2, 30, what="the unnamed handler's retry")
-    wait_for(lambda: len(runs(records, later_named, "accounts.audit")) == 2, 30, what="the named handler's retry")
+    wait_for(lambda: len(runs(records, later_unnamed, "accounts")) == 2, 60, what="the unnamed handler's retry")
+    wait_for(lambda: len(runs(records, later_named, "accounts.audit")) == 2, 60, what="the named handler's retry")
     replayed = cli_process("archive", "replay", "--yes", app="services.accounts", env={**PER_SERVICE, "FIXED": "1"})
     assert replayed.exit_code == 0, replayed.output
     wait_for(lambda: len(runs(records, archived, "accounts.audit")) == 2, 30, what="the archived event replayed")

@@ -14,6 +14,13 @@ from helpers import ROOT
 from amqp_events.local.processes import STARTED, alive, group_members, same, start_session, sweep
 from amqp_events.testing import wait_for
 
+
+def as_typed() -> None:
+    """Start the script as a terminal does a command typed at its prompt: SIGINT at its default. A suite itself run
+    in the background (``bash scripts/test &``) ignores SIGINT, and what it starts would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 #: The harness's own bounds on what an interrupted run stops, one after another: the worker (a warm shutdown, 20 s,
 #: then SIGKILL), the node (60 s, then SIGKILL) and its epmd (10 s), then the script's sweep of what is left (10 s,
 #: then SIGKILL); with room for a machine the rest of the suite loads.
@@ -30,10 +37,13 @@ def groups_left(started: dict[int, int]) -> list[int]:
 def test_stopping_the_test_command_leaves_no_process_it_started(tmp_path, interrupt):
     ledger, ready = tmp_path / "started", tmp_path / "ready"
     ledger.mkdir()
-    env = {**os.environ, STARTED: str(ledger), "AMQP_EVENTS_PROBE_READY": str(ready)}
+    # Set up already (this suite runs): a setup would reinstall the package under the tests running beside this one.
+    env = {**os.environ, STARTED: str(ledger), "AMQP_EVENTS_PROBE_READY": str(ready), "AMQP_EVENTS_SET_UP": "1"}
     env.pop("PYTEST_XDIST_WORKER", None)
     command = ["bash", "scripts/test", "tests/broker/interrupted_run.py", "-n", "0", "-p", "no:cacheprovider"]
-    script = start_session(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    script = start_session(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=as_typed
+    )
     try:
         wait_for(lambda: ready.exists() or script.poll() is not None, timeout=240, what="the probe's worker")
         assert script.poll() is None, script.communicate()[0]
