@@ -67,8 +67,10 @@ def test_a_backlog_over_its_rate_waits_in_its_queue_evenly_paced_and_never_on_th
         tap.close()
     assert waiting == sorted(waiting, reverse=True) and waiting[0] >= 40 - 3 * 2 * 4 - 2, waiting
     times = sorted(line["time"] for line in starts)
-    assert most_in(times, 1.0) <= 3  # evenly: two starts a second (and a record's jitter), not 120 at once
-    assert most_in(times, 5.0) <= 11
+    # Evenly: two starts a second, not 120 at once. A second's two may start together, so a window can hold the two
+    # of one second and, a few milliseconds early, those of the next: 2 per second, plus one second's two.
+    assert most_in(times, 1.0) <= 2 + 2
+    assert most_in(times, 5.0) <= 2 * 5 + 2
     assert times[-1] - times[0] <= 19.5 * 1.25  # and the allowance used: 39 half-second spacings, and little more
     assert sorted(line["n"] for line in starts) == list(range(40))
     assert {line["attempt"] for line in starts} == {1}
