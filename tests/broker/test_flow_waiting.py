@@ -71,7 +71,8 @@ def test_a_backlog_over_its_rate_waits_in_its_queue_evenly_paced_and_never_on_th
     # of one second and, a few milliseconds early, those of the next: 2 per second, plus one second's two.
     assert most_in(times, 1.0) <= 2 + 2
     assert most_in(times, 5.0) <= 2 * 5 + 2
-    assert times[-1] - times[0] <= 19.5 * 1.25  # and the allowance used: 39 half-second spacings, and little more
+    # And the allowance used: 39 half-second spacings; at one a second (half the rate) it would take twice that.
+    assert times[-1] - times[0] < 19.5 * 1.75
     assert sorted(line["n"] for line in starts) == list(range(40))
     assert {line["attempt"] for line in starts} == {1}
 
