@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from amqp_events.archive.grouping import group_of
 from amqp_events.core.context import Replay, ServiceContext
-from amqp_events.core.settle import publish_routed
+from amqp_events.core.publishing import publish_routed
 from amqp_events.topology import archive_queue_name
 from amqp_events.topology.names import fired_event, to_queue
 from amqp_events.wire.archive_entries import ArchivedMessage

@@ -31,7 +31,7 @@ from amqp_events.breakers.health import Health, HealthCheck, HealthRunner
 from amqp_events.breakers.options import breaker_option, required_checks
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, requeue_later
+from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive, hand_back_later
 from amqp_events.errors import OverLimit
 from amqp_events.metrics import record_breaker, record_health
 from amqp_events.wire.message import Reason
@@ -287,7 +287,7 @@ class Breakers(Middleware):
         # shared with handlers that go on: it waits on the broker, and comes back to see whether it may run.
         wait = self.breakers.paused_wait if task in self.breakers.sharing else 0
         entry = attempt.context.handling(attempt.handler).delay_entry
-        return requeue_later(attempt.delivery, attempt.context.now(), wait, entry=entry)
+        return hand_back_later(attempt.delivery, attempt.context.now(), wait, entry=entry)
 
     def after_handle(self, attempt: Attempt, outcome: Outcome | None, error: BaseException | None) -> None:
         if attempt.kind != "run" or outcome is None or attempt.handler is None:

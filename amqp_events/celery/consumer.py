@@ -52,7 +52,7 @@ from amqp_events.celery.tags import ConsumedQueues
 from amqp_events.core import addressing
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Answer
-from amqp_events.core.router import Archive, route
+from amqp_events.core.router import ToArchive, route
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.dispatch.dispatcher import Dispatcher, inline
 from amqp_events.dispatch.settling import Archiver, ChannelSettler
@@ -60,8 +60,8 @@ from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMiss
 from amqp_events.ordering.runner import OrderedRunner
 from amqp_events.transport.acks import HeldAcks
 from amqp_events.transport.declare import declare_topology
-from amqp_events.transport.decoders import install_limits
-from amqp_events.wire.limits import decoding_reason
+from amqp_events.transport.decoders import bound_decoders
+from amqp_events.wire.bounds import decoding_reason
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class EventConsumer(Consumer):  # type: ignore[misc]
                 "worker with -P solo, -P threads or -P prefork"
             )
         settings = self.app.context.settings
-        install_limits(settings.max_body_bytes)
+        bound_decoders(settings.max_body_bytes)
         warn_of_time_limits(self.app, self.pool)
         warn_of_unverified_authors(self.app.context)
         warn_of_shared_limited_queues(self.app.context)
@@ -344,19 +344,19 @@ class EventConsumer(Consumer):  # type: ignore[misc]
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
         routed = route(self.app.context, message, self.consumed_from(message) or "")
-        self._archive(message, routed if isinstance(routed, Archive) else Archive(decoding_reason(exc), exc))
+        self._archive(message, routed if isinstance(routed, ToArchive) else ToArchive(decoding_reason(exc), exc))
 
     def on_unknown_message(self, body: Any, message: Message) -> None:
-        self._archive(message, Archive(Reason.UNDECODABLE, addressing.not_an_event()))
+        self._archive(message, ToArchive(Reason.UNDECODABLE, addressing.not_an_event()))
 
     def on_unknown_task(self, body: Any, message: Message, exc: Exception) -> None:
         name = (message.headers or {}).get("task")
-        self._archive(message, Archive(Reason.UNKNOWN_EVENT, addressing.unknown_event(self.app.service, name)))
+        self._archive(message, ToArchive(Reason.UNKNOWN_EVENT, addressing.unknown_event(self.app.service, name)))
 
     def on_invalid_task(self, body: Any, message: Message, exc: Exception) -> None:
-        self._archive(message, Archive(decoding_reason(exc), exc))
+        self._archive(message, ToArchive(decoding_reason(exc), exc))
 
-    def _archive(self, message: Message, archive: Archive) -> None:
+    def _archive(self, message: Message, archive: ToArchive) -> None:
         self.archiver.take(message, self.settler_of(message), archive)
 
 

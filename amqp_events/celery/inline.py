@@ -19,7 +19,7 @@ from kombu.serialization import prepare_accept_content
 from kombu.utils.imports import symbol_by_name
 
 from amqp_events.celery.running import CeleryRuntime
-from amqp_events.core.router import Run
+from amqp_events.core.router import ToHandler
 from amqp_events.dispatch.dispatcher import Dispatcher
 from amqp_events.dispatch.settling import Archiver, ChannelSettler
 from amqp_events.errors import NotModelled
@@ -71,7 +71,7 @@ class InlineWorker:
             raise
         except BaseException as exc:
             raise lost_process(self.app, exc) from exc
-        return isinstance(routed, Run) and (routed.handler.ordered or not channel.settled)
+        return isinstance(routed, ToHandler) and (routed.handler.ordered or not channel.settled)
 
     def _traced(self, message: Message) -> None:
         """Celery's own request path, traced in this thread (where something configured needs it)."""

@@ -82,7 +82,7 @@ class EventRequest(Request):  # type: ignore[misc]
         why = Reason.EXPIRED if expired else Reason.REVOKED
         error = Revoked(f"its id was revoked (celery control revoke{' --terminate' if terminated else ''}): {reason}")
         try:
-            handling.dead_letter(self.task.app.context, delivery_of(self, handler.queue), why, error, handler)
+            handling.archive_refused(self.task.app.context, delivery_of(self, handler.queue), why, error, handler)
         except Exception:
             logger.exception("could not archive the revoked %s; it stays on the broker", self.id)
             self._already_revoked = True

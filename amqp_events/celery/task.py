@@ -20,7 +20,7 @@ from amqp_events.core import handling
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Outcome, Redeliver, SendToArchive
-from amqp_events.core.settle import describe
+from amqp_events.core.publishing import describe
 from amqp_events.errors import Archived
 from amqp_events.topology import delays
 from amqp_events.wire.message import ENVELOPE

@@ -9,7 +9,7 @@ Everything here works from a :class:`~amqp_events.core.context.ServiceContext`
 * :mod:`~amqp_events.core.handling`: the handling pipeline every message a worker takes goes through;
 * :mod:`~amqp_events.core.outcome`: what becomes of a message (pure), by the rules of
   :mod:`~amqp_events.core.policy` and the sections of :mod:`~amqp_events.core.sections`;
-* :mod:`~amqp_events.core.settle`: carrying an outcome out;
+* :mod:`~amqp_events.core.publishing`: carrying an outcome out;
 * :mod:`~amqp_events.core.handler`, :mod:`~amqp_events.core.delivery`: a handler and a message, as the core sees them.
 
 What the core asks of a broker is :class:`amqp_events.transport.base.Transport`.

@@ -5,10 +5,10 @@
   :func:`amqp_events.core.router.route` says what becomes of it.
 * :func:`handle`: a handler's run, from the middleware's ``before_handle``
   to its settled outcome (:mod:`amqp_events.core.outcome` decides it,
-  :mod:`amqp_events.core.settle` publishes its copy).
+  :mod:`amqp_events.core.publishing` publishes its copy).
 * :func:`retry_running`: the running handler asked to be retried (``self.retry()``).
 * :func:`lost`: the pool process running a message died.
-* :func:`dead_letter`: a message no handler can take goes to the archive as it arrived.
+* :func:`archive_refused`: a message no handler can take goes to the archive as it arrived.
 * :func:`defer`: a message that came before its ``eta`` waits on the broker.
 
 Each ends in the ``after_handle`` hooks, once. The caller (the Celery
@@ -31,7 +31,7 @@ from amqp_events.core.context import Attempt, HandlerCall, ServiceContext
 from amqp_events.core.delivery import Delivery, Received, Running, running, start_running, stop_running
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, CannotRun, Failed, Lost, Outcome, decide, deferred_until_eta, refusal
-from amqp_events.core.settle import describe, settle
+from amqp_events.core.publishing import describe, publish_outcome
 from amqp_events.errors import BadArguments, RetryRequested
 from amqp_events.wire.message import Reason
 
@@ -81,7 +81,7 @@ def handle(
         if outcome is None:
             outcome, result = _run(attempt)
         if outcome is not attempt.concluded:  # self.retry() settled its outcome already
-            outcome = settle(attempt, outcome)
+            outcome = publish_outcome(attempt, outcome)
     except BaseException as error:
         _after(attempt, None, error)
         raise
@@ -187,7 +187,7 @@ def _running_of(context: ServiceContext, handler: Handler) -> Running:
             )
         failed = Failed(error or RetryRequested("the handler asked to be retried"), countdown, max_retries)
         outcome = decide(delivery, failed, context.handling(handler), context.now())
-        attempt.concluded = settle(attempt, outcome)
+        attempt.concluded = publish_outcome(attempt, outcome)
         return attempt.concluded
 
     return Running(lambda: current().delivery, context.name, handler.name, context.control_flow, optional_failed, retry)
@@ -232,7 +232,7 @@ def defer(context: ServiceContext, delivery: Delivery, delay: int) -> Outcome:
     return _conclude(Attempt(context, delivery, None, "refused"), deferred_until_eta(delivery, delay, context.now()))
 
 
-def dead_letter(
+def archive_refused(
     context: ServiceContext, delivery: Delivery, reason: Reason, error: BaseException, handler: Handler | None = None
 ) -> Outcome:
     """Archive ``delivery``, which no handler of this service can run, with ``reason`` (``handler``: the one
@@ -243,7 +243,7 @@ def dead_letter(
 
 def _conclude(attempt: Attempt, outcome: Outcome) -> Outcome:
     try:
-        outcome = settle(attempt, outcome)
+        outcome = publish_outcome(attempt, outcome)
     except BaseException as error:
         _after(attempt, None, error)
         raise

@@ -109,7 +109,7 @@ class Redeliver:
     copy: OutgoingMessage
     delay: int
     error: BaseException
-    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``requeue_later`` unrun (breaker open),
+    #: ``retry`` after a failure, ``redeliver`` after a lost pool process, ``hand_back_later`` unrun (breaker open),
     #: ``over_limit`` unrun (flow control: its handler's limit is reached),
     #: ``defer`` unrun until its ``eta`` (a delay belongs on the broker, never in a worker).
     why: str = "retry"
@@ -145,7 +145,7 @@ class Hold:
 _REDELIVERY_NAMES = {
     "retry": "retry_scheduled",
     "redeliver": "redelivered",
-    "requeue_later": "handed_back",
+    "hand_back_later": "handed_back",
     "over_limit": "over_limit",
     "defer": "postponed",
 }
@@ -285,7 +285,7 @@ def within(policy: RetryPolicy, section: Section) -> RetryPolicy:
     )
 
 
-def requeue_later(
+def hand_back_later(
     delivery: Delivery, now: datetime, wait: int = 0, error: Exception | None = None, entry: str = delays.ENTRY_EXCHANGE
 ) -> Redeliver:
     """A message taken while its handler's breaker was open (or while its process stops: ``error`` says) goes
@@ -295,7 +295,7 @@ def requeue_later(
     if LOST_RUNS in delivery.headers:  # a per-copy count, but this copy is the same delivery again
         headers[LOST_RUNS] = delivery.headers[LOST_RUNS]
     error = error or BreakerOpen("the handler's circuit breaker is open")
-    return Redeliver(republish(delivery, headers, wait, now, entry), wait, error, why="requeue_later")
+    return Redeliver(republish(delivery, headers, wait, now, entry), wait, error, why="hand_back_later")
 
 
 def wait_over_limit(
@@ -303,7 +303,7 @@ def wait_over_limit(
 ) -> Redeliver:
     """An event over its handler's flow-control limit waits ``wait`` seconds on the broker, unrun, its counters
     unchanged: a wait is not an attempt."""
-    return replace(requeue_later(delivery, now, wait, error, entry), why="over_limit")
+    return replace(hand_back_later(delivery, now, wait, error, entry), why="over_limit")
 
 
 def deferred_until_eta(delivery: Delivery, delay: int, now: datetime) -> Redeliver:

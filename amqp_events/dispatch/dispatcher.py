@@ -24,7 +24,7 @@ from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Answer, Settler
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Hold, answer_of
-from amqp_events.core.router import Run, decoded_delivery
+from amqp_events.core.router import ToHandler, decoded_delivery
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.dispatch import batches
 from amqp_events.dispatch.runtime import Runtime
@@ -75,19 +75,17 @@ class Dispatcher:
         returns its route."""
         context = self.context()
         routed = router.route(context, message, queue)
-        if isinstance(routed, Run) and self.revoked and message.headers.get("id") in self.revoked:
+        if isinstance(routed, ToHandler) and self.revoked and message.headers.get("id") in self.revoked:
             # Celery would ack and drop it; an event is kept, for an operator to replay.
-            routed = router.Archive(
+            routed = router.ToArchive(
                 Reason.REVOKED, Revoked("its id was revoked (celery control revoke)"), routed.handler
             )
-        if not isinstance(routed, Run):
+        if not isinstance(routed, ToHandler):
             self.archiver.take(message, settler, routed, queue)
             return routed
         handler = routed.handler
         if handler.ordered:  # to its key's lane: the runner settles it in its turn
-            held = intake.pending_of(context, handler, message, queue, settler, self.runtime.run)
-            if held is not None:
-                self.ordered_runner().take(held)
+            self.ordered_runner().take(intake.pending_of(handler, message, queue, settler, self.runtime.run))
         elif self.runtime.takes_over(handler):
             if routed.batch:  # its events come one by one, as the host's path takes them
                 batches.split(context, handler.queue, message, settler)

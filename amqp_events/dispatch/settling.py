@@ -18,8 +18,8 @@ from typing import Any
 from amqp_events.core import handling
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.delivery import Answer, Settler
-from amqp_events.core.router import Archive, Copies, Defer, archived_delivery
-from amqp_events.core.settle import describe, publish_routed
+from amqp_events.core.publishing import describe, publish_routed
+from amqp_events.core.router import Copies, Defer, ToArchive, archived_delivery
 from amqp_events.errors import AlreadySettled
 from amqp_events.wire.message import OutgoingMessage
 
@@ -89,14 +89,14 @@ class Archiver:
     def __init__(self, context: Callable[[], ServiceContext], timer: Any) -> None:
         self.context, self.timer = context, timer
 
-    def take(self, message: Any, settler: Settler, route: Archive | Copies | Defer, queue: str = "") -> None:
+    def take(self, message: Any, settler: Settler, route: ToArchive | Copies | Defer, queue: str = "") -> None:
         """Publish what ``route`` needs for ``message`` (taken from ``queue``), then ack it."""
-        if isinstance(route, Archive):
+        if isinstance(route, ToArchive):
             reason, error, handler = route.reason, route.error, route.handler
 
             def archive(context: ServiceContext) -> Any:
                 delivery = archived_delivery(message, context.name, queue)
-                return handling.dead_letter(context, delivery, reason, error, handler)
+                return handling.archive_refused(context, delivery, reason, error, handler)
 
             self._settle(message, settler, archive, 0, f"{reason}, ")
         elif isinstance(route, Copies):

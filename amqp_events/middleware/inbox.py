@@ -20,7 +20,7 @@ from amqp_events.core.handler import Handler
 from amqp_events.core.handling import DUPLICATE
 from amqp_events.core.options import HandlerOptions
 from amqp_events.core.outcome import Ack, Outcome
-from amqp_events.core.settle import describe
+from amqp_events.core.publishing import describe
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.inbox.base import DedupStore, EffectKey, TransactionalInbox, effect_stores
 from amqp_events.settings import Settings

@@ -26,7 +26,7 @@ from typing import Any
 
 from amqp_events.core.context import Attempt, Firing, Middleware, Replay
 from amqp_events.core.outcome import Ack, Hold, Outcome, Redeliver
-from amqp_events.core.settle import describe
+from amqp_events.core.publishing import describe
 from amqp_events.errors import ProcessStopping
 from amqp_events.middleware.tracing import log_fields
 from amqp_events.wire.message import event_id

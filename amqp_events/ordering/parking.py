@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from amqp_events.core.context import ServiceContext
-from amqp_events.core.settle import publish_routed
+from amqp_events.core.publishing import publish_routed
 from amqp_events.metrics import record_parked_keys
 from amqp_events.ordering.sequences import GATE, Action, Gate, Sequence, decide, through_gate, without_gate_marks
 from amqp_events.topology.names import parked_queue_of, to_queue

@@ -9,18 +9,18 @@ import sys
 
 from kombu import compression
 
-from amqp_events.wire import limits
+from amqp_events.wire import bounds
 
 
-def install_limits(max_body: int = limits.MAX_BODY) -> None:
+def bound_decoders(max_body: int = bounds.MAX_BODY) -> None:
     """Bound what a worker reads before the router sees a message: kombu's decompression (a zlib bomb stops at
     ``max_body``; compressions without a bound are not read) and, on Python 3.11+, whose calls between Python
     functions take no C stack, the recursion py-amqp needs to read the deepest headers a frame can hold (they are
     then refused as malformed, instead of stopping the consumer). Once per worker process."""
-    bounded = limits.bounded_decoders(max_body)
+    bounded = bounds.bounded_decoders(max_body)
     # Upstream (kombu 5.5-5.7): decoders are kept by content type in this table; register() replaces both ways.
     for content_type in list(compression._decoders):
-        decoder = bounded.get(content_type) or limits.unsupported(content_type)
+        decoder = bounded.get(content_type) or bounds.unsupported(content_type)
         compression._decoders[content_type] = decoder
     if sys.version_info >= (3, 11):
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), limits.DECODING_RECURSION))
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), bounds.DECODING_RECURSION))

@@ -20,7 +20,7 @@ ARCHIVE_SECTION = "archive_section"
 ARCHIVE_FIRST_FAILURE_AT = "archive_first_failure_at"
 ARCHIVE_LAST_FAILURE_AT = "archive_last_failure_at"
 ARCHIVED_AT = "archived_at"
-#: What of a message could not be kept as it came (headers dropped, a body cut: :mod:`amqp_events.wire.limits`),
+#: What of a message could not be kept as it came (headers dropped, a body cut: :mod:`amqp_events.wire.bounds`),
 #: in words; only on the archived copy made of it.
 ARCHIVE_CUT = "archive_cut"
 #: W3C ``traceparent`` of the attempt that archived the message (with tracing on).

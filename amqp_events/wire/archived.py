@@ -53,7 +53,7 @@ class Failure:
     last_failure_at: datetime = field(default_factory=SYSTEM_CLOCK.now)
     #: The handler section it failed in ("" outside any section).
     section: str = ""
-    #: What of the message could not be kept as it came (:mod:`amqp_events.wire.limits`), "" when nothing.
+    #: What of the message could not be kept as it came (:mod:`amqp_events.wire.bounds`), "" when nothing.
     cut: str = ""
 
     @classmethod

@@ -330,10 +330,10 @@ class Reason(str, Enum):
     POISONOUS = "poisonous"
     #: A CloudEvent without a required attribute, of another specversion, or with a malformed attribute.
     INVALID_CLOUDEVENT = "invalid_cloudevent"
-    #: A header of the wrong type (an ``id`` that is a table), too long or too deep (:mod:`amqp_events.wire.limits`).
+    #: A header of the wrong type (an ``id`` that is a table), too long or too deep (:mod:`amqp_events.wire.bounds`).
     MALFORMED_HEADERS = "malformed_headers"
     #: A body larger than a worker takes (``amqp_events_max_body_bytes``, decompressed), or headers larger than a
-    #: copy can carry (:data:`~amqp_events.wire.limits.MAX_HEADERS_BYTES`): archived cut, saying what was cut.
+    #: copy can carry (:data:`~amqp_events.wire.bounds.MAX_HEADERS_BYTES`): archived cut, saying what was cut.
     TOO_LARGE = "too_large"
     #: Its body's embed asks Celery to run other tasks with it (``callbacks``, ``errbacks``, ``chain``, ``chord``):
     #: an event never starts tasks a sender chose.

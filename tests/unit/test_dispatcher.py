@@ -16,7 +16,7 @@ from amqp_events import Reason
 from amqp_events.core.delivery import Answer, Delivery
 from amqp_events.core.handler import Handler
 from amqp_events.core.outcome import Ack, Hold, Outcome, Redeliver, RejectedByHandler, SendToArchive, answer_of
-from amqp_events.core.router import Archive, Run
+from amqp_events.core.router import ToArchive, ToHandler
 from amqp_events.dispatch.dispatcher import Dispatcher
 from amqp_events.dispatch.settling import ChannelSettler
 from amqp_events.errors import AlreadySettled
@@ -106,12 +106,12 @@ def carried_out_once(message: Any, queue: str, ending: Any, takes: bool, revoke:
     ident = message.headers.get("id")
     revoked = frozenset({ident}) if revoke and isinstance(ident, str) else frozenset()
     routed = dispatcher(host, recorded, revoked).dispatch(message, queue, settler)
-    if isinstance(routed, Run) and routed.batch:  # its events run one by one (tests/unit/test_replay_batches.py)
+    if isinstance(routed, ToHandler) and routed.batch:  # its events run one by one (tests/unit/test_replay_batches.py)
         return routed
     assert [bool(recorded.archived), bool(host.taken), bool(host.runs)].count(True) == 1
-    if not isinstance(routed, Run):
+    if not isinstance(routed, ToHandler):
         assert recorded.archived == [routed] and channel.got == []  # the archiver settles, after its copy
-        if isinstance(routed, Archive) and routed.reason is Reason.REVOKED:  # kept, for its handler's replay
+        if isinstance(routed, ToArchive) and routed.reason is Reason.REVOKED:  # kept, for its handler's replay
             assert revoked and routed.handler is not None
         return routed
     assert not revoked  # a revoked event runs nowhere
@@ -141,7 +141,7 @@ def test_any_message_is_carried_out_one_way_and_settled_once_with_the_policy_s_a
 @pytest.mark.parametrize("ending", ENDINGS, ids=repr)
 def test_a_run_ends_in_each_outcome_and_gets_the_policy_s_answer(ending, takes, revoke):
     routed = carried_out_once(paid(), "orders:billing.invoice.paid", ending, takes, revoke)
-    assert isinstance(routed, Archive if revoke else Run)
+    assert isinstance(routed, ToArchive if revoke else ToHandler)
 
 
 def paid() -> Message:

@@ -49,7 +49,7 @@ from amqp_events.celery.steps import (
 from amqp_events.core.context import Attempt, HandlerCall, Middleware, ServiceContext
 from amqp_events.core.delivery import Delivery
 from amqp_events.core.handler import Handler
-from amqp_events.core.outcome import Lost, Outcome, decide, requeue_later
+from amqp_events.core.outcome import Lost, Outcome, decide, hand_back_later
 from amqp_events.coroutines import is_coroutine_handler
 from amqp_events.errors import ProcessStopping
 from amqp_events.limits.waiting import Waiting
@@ -100,7 +100,7 @@ def serve(app: Any, assignment: Assignment) -> None:
     ProcessPool.shared, ProcessPool.slot = assignment.shared, assignment.slot
     Waiting.peers = SharedTurns(assignment.shared, assignment.slot)  # the longest waiting event asks first
     stopping = Stopping()
-    app.add_middleware(ProcessLimits(app, assignment, stopping))  # before the worker reads the app's context
+    app.add_middleware(ProcessRuns(app, assignment, stopping))  # before the worker reads the app's context
     stopping.worker = app.WorkController(
         hostname=assignment.hostname,
         pool_cls=ProcessPool,
@@ -134,7 +134,7 @@ class Stopping:
             consumer.wake_event_loop()
 
 
-class ProcessLimits(Middleware):
+class ProcessRuns(Middleware):
     """What a pool process adds to each run: its place in the shared memory (a run lost with a process before is
     counted as such), its time limits, and the process's recycling after ``max_tasks`` messages or at
     ``max_memory_kib``."""
@@ -153,7 +153,7 @@ class ProcessLimits(Middleware):
             return None
         delivery = attempt.delivery
         if self.stopping.why is not None and not attempt.handler.ordered:  # taken in the loop's last turn
-            return requeue_later(delivery, attempt.context.now(), error=ProcessStopping(self.stopping.why))
+            return hand_back_later(delivery, attempt.context.now(), error=ProcessStopping(self.stopping.why))
         key = run_key(attempt.handler.task_name, delivery.event_id, delivery.retries, delivery.lost_runs)
         # Only a message the broker says came back (its count of returns, which the router keeps on redeliveries
         # alone) can be a lost run: a sender's fresh copy under the same id never is, nor clears the entry.

@@ -1,6 +1,6 @@
 """Carrying out an :mod:`~amqp_events.core.outcome`: publish its copy, confirmed, before the original goes.
 
-The worker acks the original message only after :func:`settle` returned, so
+The worker acks the original message only after :func:`publish_outcome` returned, so
 the copy (a retry, a redelivery, an archived copy) is on the broker before
 the original leaves it: a message is never lost between the two.
 """
@@ -19,7 +19,7 @@ from amqp_events.wire.parked import PARKS_KEY
 logger = logging.getLogger(__name__)
 
 
-def settle(attempt: Attempt, outcome: Outcome) -> Outcome:
+def publish_outcome(attempt: Attempt, outcome: Outcome) -> Outcome:
     """Let the middleware see ``outcome`` (``before_settle``), then publish its copy; returns the outcome
     carried out.
 

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from amqp_events.wire import limits
+from amqp_events.wire import bounds
 
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5), st.binary(max_size=5),
@@ -32,13 +32,13 @@ def nesting(value: Any) -> int:
 
 @given(FIELDS, st.integers(min_value=-1, max_value=6))
 def test_depth_is_the_nesting_counted_up_to_one_past_the_limit(value: Any, limit: int) -> None:
-    assert limits.depth(value, limit) == min(nesting(value), limit + 1)
+    assert bounds.depth(value, limit) == min(nesting(value), limit + 1)
 
 
 def test_a_table_of_scalars_is_one_deep_and_an_empty_one_is_flat() -> None:
     attributes = {"id": "e1", "time": datetime.now(timezone.utc), "size": Decimal(1), "n": 1, "none": None}
-    assert limits.depth(attributes) == 1 and limits.depth({}) == 0 and limits.depth({"a": {}}) == 1
+    assert bounds.depth(attributes) == 1 and bounds.depth({}) == 0 and bounds.depth({"a": {}}) == 1
     deep: Any = 1
     for _ in range(12):
         deep = [deep]
-    assert limits.depth({"deep": deep}, limit=3) == 4
+    assert bounds.depth({"deep": deep}, limit=3) == 4
