@@ -80,6 +80,15 @@ def test_the_readme_is_a_landing_page_whose_set_up_commands_come_first():
     assert linked and [path for path in linked if not (ROOT / path).is_file()] == []
 
 
+def test_every_guide_of_the_site_is_listed_in_the_readme_and_on_the_home_page():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    guides = re.findall(r":\s*(guides/[\w-]+\.md)\s*$", nav, re.MULTILINE)
+    assert len(guides) >= 19
+    readme, home = page("README.md"), page("index.md")
+    assert [guide for guide in guides if f"](docs/{guide})" not in readme] == []
+    assert [guide for guide in guides if f"]({guide})" not in home] == []
+
+
 def test_every_install_line_names_the_release_it_needs():
     # Unversioned, pip would take 0.1.0 from the package index without a word: a version makes it fail loudly.
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
