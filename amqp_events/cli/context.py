@@ -10,6 +10,7 @@ import click
 
 from amqp_events.celery import EventsApp
 from amqp_events.errors import (
+    AmqpEventsError,
     InvalidName,
     ManagementError,
     PermissionRefused,
@@ -87,16 +88,25 @@ class Context:
             raise click.UsageError("this command needs the app: pass -A/--app MODULE[:ATTR]")
         from celery.app.utils import find_app
 
+        # A mistake the library finds in the app's code (a second handler for one event, an option it refuses) is
+        # one line, as every other error of the command line; an error of the code itself keeps its traceback.
         try:
             app = find_app(self.app_name)
-        except (ImportError, AttributeError) as exc:
-            raise AppNotFound(f"cannot load app {self.app_name!r}: {exc}") from None
+        except (ImportError, AttributeError, ValueError) as exc:
+            # kombu reports an import's ValueError (the library's errors are ValueErrors) as a ValueError of its own.
+            found = exc.__context__ if isinstance(exc.__context__, AmqpEventsError) else exc
+            if isinstance(found, ValueError) and not isinstance(found, AmqpEventsError):
+                raise
+            raise AppNotFound(f"cannot load app {self.app_name!r}: {found}") from None
         if not isinstance(app, EventsApp):
             raise AppNotFound(f"{self.app_name!r} is a {type(app).__name__}, not an app made with events_app()")
         if self.broker:
             app.conf.broker_url = self.broker
         # As a worker loads it: the modules of its imports= and include= register their handlers and events.
-        app.loader.import_default_modules()
+        try:
+            app.loader.import_default_modules()
+        except (ImportError, AmqpEventsError) as exc:
+            raise AppNotFound(f"cannot load the modules of app {self.app_name!r}: {exc}") from None
         return app
 
     def app_or_any(self, service: str) -> EventsApp:

@@ -102,7 +102,7 @@ def limits_set_command(
     try:
         found = limited_handler(app.handlers, handler)
     except LookupError as exc:
-        raise click.BadParameter(f"{app.service!r}: {exc}") from None
+        raise click.ClickException(str(exc)) from None
     try:
         now = set_limit(
             app.transport,

@@ -27,8 +27,15 @@ def in_force(handler: Handler, table: Mapping[str, Override]) -> Limits:
 def limited_handler(handlers: Mapping[str, Handler], name: str) -> Handler:
     """The one handler with a limit in its code that an operator calls ``name``; ``LookupError`` says why not."""
     matched = [found for _, found in sorted(handlers.items()) if found.known_as(name)]
-    if len(matched) != 1:
-        raise LookupError(f"{len(matched)} handlers are called {name!r} (they are: {', '.join(sorted(handlers))})")
+    if not matched:
+        limited = [f"{found.short_name} ({found.event})" for _, found in sorted(handlers.items()) if limits_of(found)]
+        which = f"those with a limit in their code: {', '.join(limited)}" if limited else "none has a limit in its code"
+        raise LookupError(f"no handler is called {name!r}; {which}")
+    if len(matched) > 1:
+        raise LookupError(
+            f"{name!r} names {len(matched)} handlers ({', '.join(found.task_name for found in matched)}): "
+            "name one by its function's name or its full name"
+        )
     if not limits_of(matched[0]):
         raise LookupError(
             f"{matched[0].name} has no limit in its code: flow control runs for handlers given concurrency= or "

@@ -188,8 +188,11 @@ def test_only_a_handler_with_a_limit_in_its_code_takes_one_at_run_time(mailer):
     assert limited_handler(mailer.handlers, "send").task_name == "mail.requested"
     with pytest.raises(LookupError, match="no limit in its code"):
         limited_handler(mailer.handlers, "audit")
-    with pytest.raises(LookupError, match=r"2 handlers are called 'mail\.requested'"):
+    with pytest.raises(LookupError, match=r"'mail\.requested' names 2 handlers \(mail\.requested, "):
         limited_handler(mailer.handlers, "mail.requested")
+    # An operator's typo: the handlers that take a limit, by the names an operator types.
+    with pytest.raises(LookupError, match=r"^no handler is called 'sned'; those with a limit in their code: send "):
+        limited_handler(mailer.handlers, "sned")
 
 
 rows = st.builds(
