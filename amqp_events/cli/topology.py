@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from typing import Any
 
 import click
@@ -200,5 +201,11 @@ def topology_permissions(context: Context, user: str | None, apply: bool, passwo
         f"# service {app.service!r} on vhost {context.vhost!r}; the shared topology declared by an administrator "
         "(`amqp-events -A <app> topology declare`), the app set with amqp_events_shared_topology = 'check'"
     )
-    for line in rabbitmqctl_commands(grants, user or app.service, context.vhost):
+    name = user or app.service
+    # Setting permissions never creates the user: rabbitmqctl refuses them for a user that does not exist.
+    click.echo(
+        f"# the user first, when it does not exist (or --apply --password-env VARIABLE creates it): "
+        f'rabbitmqctl add_user {shlex.quote(name)} "$PASSWORD"'
+    )
+    for line in rabbitmqctl_commands(grants, name, context.vhost):
         click.echo(line)

@@ -183,8 +183,9 @@ class LocalBroker:
         state = self._require_state()
         argv, environment = self._command(program, ["-n", state.nodename, *args], state)
         done = subprocess.run(argv, env=environment, capture_output=True, text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise LocalServerError(f"{program} {' '.join(args)} failed: {done.stderr.strip() or done.stdout.strip()}")
+        if done.returncode != 0:  # its reason often comes on the lines after "Error:": one line, all of it
+            said = " ".join((done.stderr.strip() or done.stdout).split())
+            raise LocalServerError(f"{program} {' '.join(args)} failed: {said}")
         return done.stdout
 
     def beam_pid(self) -> int:

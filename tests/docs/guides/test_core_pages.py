@@ -226,6 +226,12 @@ def test_two_services_under_users_of_their_own(guide, servers):
     assert {"orders", "shipping"} <= set(
         security.run(security.line("amqp-events broker ctl list_users")).stdout.split()
     )
+    # Printed lines, for a user not made yet: they say to create it first, and run anyway they fail saying why.
+    printed = security.run("amqp-events -A shipping.celery topology permissions --user shipping2").stdout
+    assert 'rabbitmqctl add_user shipping2 "$PASSWORD"' in printed.splitlines()[1], printed
+    refused = security.run("amqp-events broker ctl set_permissions -p / shipping2 '.*' '.*' '.*'", check=False)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "shipping2" in refused.stderr.partition("failed:")[2], refused.stderr  # the reason, not a bare "Error:"
     as_user = "AMQP_EVENTS_SHARED_TOPOLOGY=check CELERY_BROKER_URL=amqp://{0}:{0}-secret@localhost:5672/ celery"
     orders = security.worker(security.line(as_user.format("orders")), "orders:billing.invoice.paid")
     shipping = security.worker(security.line(as_user.format("shipping")), "shipping:billing.invoice.paid")
