@@ -55,6 +55,14 @@ def browsing(connection: Any, queue: str) -> Iterator[Browsed]:
     _wait_until_back(connection, queue, waiting - len(removed))
 
 
+def _may_read(channel: Any, queue: str) -> None:
+    """An empty queue is read without taking anything, but only with the read grant, as a full one: a consumer
+    started and cancelled asks the broker (counting it needs no grant). What it may take meanwhile goes back
+    with the channel."""
+    channel.basic_qos(0, 1, False)
+    channel.basic_cancel(channel.basic_consume(queue, no_ack=False, callback=lambda message: None))
+
+
 def _consumed_alone(connection: Any, queue: str) -> tuple[list[Any], deque[Any], int]:
     """Consumers of ``queue`` whose prefetch together covers its messages, started once no other browse runs
     (:data:`BROWSE_TURN` at most): their channels, the deliveries as they come and how many messages it holds."""
@@ -63,6 +71,7 @@ def _consumed_alone(connection: Any, queue: str) -> tuple[list[Any], deque[Any],
         first = connection.channel()
         waiting = _after_other_browses(first, queue, deadline)
         if not waiting:
+            _may_read(first, queue)
             return [first], deque(), 0
         # One consumer takes at most PREFETCH_MAX unacked: as many consumers as it takes, each on its channel.
         channels = [first, *(connection.channel() for _ in range(1, math.ceil(waiting / PREFETCH_MAX)))]

@@ -173,6 +173,8 @@ def test_each_service_works_with_its_own_grants_and_cannot_reach_into_the_other(
     assert orders.is_running()
     seen_by_console(users["orders"], rabbitmq, archived.id)
     cli = {"BROKER_URL": users["orders"], **CHECK}
+    other = cli_process("archive", "list", "--service", "shipping", env=cli)  # empty: refused all the same
+    assert other.returncode == 1 and "may not read 'shipping.archive'" in other.stderr, other.stdout + other.stderr
     paused = cli_process("breakers", "open", "on_ping", "--wait", "10", env=cli)
     assert paused.returncode == 0 and "on_ping" in paused.stdout, paused.stderr
     resumed = cli_process("breakers", "close", "on_ping", "--wait", "10", env=cli)
