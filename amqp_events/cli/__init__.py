@@ -30,7 +30,8 @@ from amqp_events.cli.topology import topology
     "--management-url",
     metavar="URL",
     envvar="AMQP_EVENTS_MANAGEMENT_URL",
-    help="RabbitMQ management API (default: port 15672 on the broker's host).",
+    help="RabbitMQ management API (default: the node's own when `amqp-events broker start` started the broker, "
+    "else port 15672 on the broker's host).",
 )
 @click.version_option(package_name="celery-amqp-events")
 @click.pass_context
