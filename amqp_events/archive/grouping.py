@@ -34,6 +34,8 @@ _PARTICULARS = (
     re.compile(r"[-+]?\d+(?:\.\d+)?"),
 )
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+, in (?P<function>.+)$', re.MULTILINE)
+#: A frame of the library's, of Celery's or of kombu's code rather than the service's.
+_LIBRARY_FRAME = re.compile(r"[/\\](amqp_events|celery|kombu|billiard|vine)[/\\]")
 #: The innermost frames a signature keeps (deeper ones are the worker's own, the same for every failure).
 FRAMES = 8
 #: The longest masked message kept (a message is shown in full on its own page).
@@ -67,6 +69,12 @@ class Cause:
     def id(self) -> str:
         text = json.dumps([self.handler, self.exception, self.message, self.stack])
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    @property
+    def origin(self) -> str:
+        """The innermost frame of the service's own code (``file:function``), "" when the failure came from none
+        (a payload the handler cannot take is refused before it runs): where an operator looks first."""
+        return next((frame for frame in reversed(self.stack) if not _LIBRARY_FRAME.search(frame)), "")
 
     @property
     def title(self) -> str:
@@ -109,6 +117,7 @@ class Group:
             "message": self.cause.message,
             "title": self.cause.title,
             "stack": list(self.cause.stack),
+            "origin": self.cause.origin,
             "count": self.count,
             "first_seen": self.first_seen.isoformat() if self.first_seen else None,
             "last_seen": self.last_seen.isoformat() if self.last_seen else None,

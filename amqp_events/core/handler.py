@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -141,7 +142,8 @@ def _refusal(handler: Handler, positional: int, keywords: frozenset[str]) -> str
     try:
         handler.bind((None,) * positional, dict.fromkeys(keywords))
     except TypeError as exc:
-        return str(exc)
+        # Names only (the values are placeholders), unquoted: the archive's grouping masks quoted values.
+        return re.sub(r"'([A-Za-z_]\w*)'", r"\1", str(exc))
     return None
 
 

@@ -56,6 +56,28 @@ def test_a_stack_is_its_files_and_functions_without_line_numbers():
     assert frames(traceback) == frames(moved) == ("shop/a.py:charge", "shop/b.py:x")
 
 
+def test_a_group_points_at_the_service_s_own_code_and_a_refused_payload_names_its_argument():
+    stack = frames(
+        "Traceback (most recent call last):\n"
+        '  File "/srv/shop/handlers.py", line 3, in on_paid\n    charge()\n'
+        '  File "/srv/shop/billing.py", line 9, in charge\n    client.post()\n'
+        '  File "/venv/lib/python3.11/site-packages/kombu/connection.py", line 9, in post\n    raise OSError\n'
+    )
+    assert Cause("shop.on_paid", "OSError", "", stack).origin == "/srv/shop/billing.py:charge"
+    app = events_app("shop", broker_url=URL)
+
+    @app.handler("billing.invoice.paid")
+    def on_paid(invoice_id: int, amount: str) -> None: ...
+
+    with in_process(app) as events:
+        app.fire("billing.invoice.paid", [42], {})  # fired without its amount
+        events.drain()
+        [archived] = events.archived("shop")
+    cause = Failure.of(archived).cause
+    assert cause.origin == ""  # refused before the handler ran: no frame of the service's is where it failed
+    assert "missing a required argument: amount" in cause.title, cause.title  # the argument, not masked
+
+
 def test_groups_are_counted_with_their_first_and_last_seen_largest_first():
     now = datetime(2026, 11, 27, tzinfo=timezone.utc)
     key_error = Cause("shop.charge", "KeyError", "<…>", ("shop/a.py:charge",))
