@@ -22,12 +22,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
+from amqp_events.archive.reasons import MEANINGS
 from amqp_events.console.api import REASONS, chosen, fleet_of
 from amqp_events.console.discovery import ServiceQueues, increments, summed
 from amqp_events.console.fleet import Fleet
 from amqp_events.console.index import Entry
 from amqp_events.console.urls import segment
-from amqp_events.topology.names import service_queue_name
+from amqp_events.topology.names import service_queue_name, task_of_queue
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -74,6 +75,10 @@ def _service(request: Request, fleet: Fleet) -> Response:
         "filters": filters,
         "filters_query": urlencode(wanted),
         "reasons": sorted(REASONS),
+        "meanings": {str(reason): meaning for reason, meaning in MEANINGS.items()},
+        # What the pause and limits forms offer: the handlers whose own queues the broker lists, and those with a
+        # limit set at run time (the per_service layout's handlers share one queue, which names none).
+        "handlers": sorted({task for queue in found.queues if (task := task_of_queue(name, queue.name))}),
         "parked": fleet.parked(name),
         "limits": _limits(fleet, name),
         "workers": fleet.workers(name),

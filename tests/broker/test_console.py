@@ -99,6 +99,11 @@ def test_a_purge_needs_the_service_s_name_typed(worker, producer, archive_of, co
     wait_for(lambda: call(indexed)[1]["archived"] == 1, 30, what="the console's index reading the archive")
     page = browser.new_page()
     page.goto(f"{console.url}/services/orders/archive")
+    # Its reason's name is explained where it is shown, and every reason on the page's own list.
+    reason = page.locator(f"tr.message[data-id='{event_id}'] abbr")
+    assert reason.inner_text() == "non_retryable" and "no retry can mend" in (reason.get_attribute("title") or "")
+    page.click("details.reasons summary")
+    assert "the broker verified as its author" in page.locator("details.reasons").inner_text()
     page.locator(f"tr.message[data-id='{event_id}'] input.pick").check()
     answers = iter([None, "yes", "orders"])  # dismissed, then a wrong name, then the right one
 
@@ -122,6 +127,8 @@ def test_pausing_a_handler_stops_its_consumption_on_every_worker(worker, produce
     wait_for(lambda: queue_state(producer, PING)[1] == 2, 30, what="both workers consuming")
     page = browser.new_page()
     page.goto(f"{console.url}/services/orders/archive")
+    offered = page.eval_on_selector_all("#handler-names option", "options => options.map(o => o.value)")
+    assert "test.ping" in offered, offered  # the form offers the service's handlers
     page.fill("#handler", "on_ping")
     page.click("#pause")
     assert len(json.loads(outcome(page, "done: ").removeprefix("done: "))["workers"]) == 2

@@ -8,8 +8,9 @@ from datetime import datetime, timedelta, timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from amqp_events import PermanentFailure
+from amqp_events import PermanentFailure, Reason
 from amqp_events.archive.grouping import Cause, Failure, frames, grouped, masked
+from amqp_events.archive.reasons import MEANINGS
 from amqp_events.celery import events_app
 from amqp_events.console.audit import AuditTrail
 from amqp_events.console.discovery import QueueState, ServiceQueues
@@ -176,3 +177,7 @@ def test_the_event_log_is_filtered_newest_first_and_read_back_from_its_file(tmp_
     again = AuditTrail(path)
     assert [record.target for record in again.records(action="replay")] == ["group 1f2e"]
     assert again.records(action="replay")[0].detail == {"ids": ["a"]}
+
+
+def test_every_archive_reason_is_explained_in_an_operator_s_words():
+    assert set(MEANINGS) == set(Reason) and all(len(meaning) > 20 for meaning in MEANINGS.values())
