@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from amqp_events.archive import Archive, Selection
@@ -83,6 +84,7 @@ class Fleet:
     def rows(self) -> list[ServiceRow]:
         """One row per service of the latest reading, those with a problem first."""
         reading = self.reading()
+        now = datetime.now(timezone.utc)
         return by_urgency(
             [
                 service_row(
@@ -92,6 +94,7 @@ class Fleet:
                     reading.archive_rate(service.name),
                     reading.replays.get(service.name),
                     reading.unreadable.get(service.name),
+                    now,
                 )
                 for service in reading.services
             ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from amqp_events.console.discovery import QueueState, ServiceQueues
@@ -68,11 +68,17 @@ def service_row(
     archive_rate: float | None,
     replay: Cursor | None = None,
     unreadable: str | None = None,
+    now: datetime | None = None,
 ) -> ServiceRow:
-    """The row of ``service``: ``archive_rate`` is messages per second into its archive (its failures), ``replay``
-    the record of its latest history replay."""
+    """The row of ``service``: ``archive_rate`` is messages per second into its archive (its failures) as the
+    management API last sampled it, ``replay`` the record of its latest history replay; ``now``: what the archived
+    of the last minute are counted to."""
     handling = [queue for queue in service.queues if queue_kind(queue.name, service.name) != "parked"]
-    handled = _sum(queue.acked for queue in handling)
+    # No stats yet (nothing went through its queues since the broker started): none handled, as 0.0, not unknown.
+    handled = _sum(queue.acked for queue in handling) or (0.0 if handling else None)
+    archived_per_minute = _archived_in_the_last_minute(snapshot, now) if snapshot is not None else None
+    if archived_per_minute is None and archive_rate is not None:
+        archived_per_minute = archive_rate * 60
     open_breakers = sorted(
         {
             handler
@@ -87,7 +93,7 @@ def service_row(
     row = ServiceRow(
         name=service.name,
         handled_per_minute=None if handled is None else handled * 60,
-        failed_per_minute=None if archive_rate is None else archive_rate * 60,
+        failed_per_minute=archived_per_minute,
         archived=snapshot.count if snapshot else service.archived,
         oldest_archived=snapshot.oldest if snapshot else None,
         groups=len(snapshot.groups) if snapshot else 0,
@@ -101,6 +107,15 @@ def service_row(
         archive_unreadable=unreadable,
     )
     return _with_problems(row)
+
+
+def _archived_in_the_last_minute(snapshot: Snapshot, now: datetime | None) -> float | None:
+    """The messages the archive took in the minute before ``now``, as its entries say (the management API's rate
+    is an average over its last few seconds' sample, 0.0 a moment after a burst)."""
+    if now is None or snapshot.read_at is None:
+        return None
+    since = now - timedelta(minutes=1)
+    return float(sum(1 for entry in snapshot.entries if entry.archived_at is not None and entry.archived_at >= since))
 
 
 def replay_position(cursor: Cursor) -> str:

@@ -14,7 +14,7 @@ from amqp_events.archive.reasons import MEANINGS
 from amqp_events.celery import events_app
 from amqp_events.console.audit import AuditTrail
 from amqp_events.console.discovery import QueueState, ServiceQueues
-from amqp_events.console.index import ArchiveIndex
+from amqp_events.console.index import ArchiveIndex, Entry, Snapshot
 from amqp_events.console.overview import by_urgency, folded, service_row
 from amqp_events.console.pages import chart
 from amqp_events.history.replay import Cursor
@@ -153,6 +153,19 @@ def test_a_service_with_a_problem_comes_first_and_its_internal_queues_are_folded
     assert service_row(quiet, None, {}, None, replaying).history_replay == (
         "history replay r1 into shop.charge: 1,200 replayed, stopped or running, next offset 1200"
     )
+
+
+def test_archived_per_minute_counts_what_the_archive_took_in_the_last_minute_and_no_stats_are_none_handled():
+    now = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
+    cause = Cause("shop.charge", "KeyError", "", ())
+    entries = tuple(
+        Entry(f"e{n}", "order.placed", "shop.charge", "max_retries", "KeyError", "", cause, 3, None, moment, "[]")
+        for n, moment in enumerate([now - timedelta(minutes=5)] + [now - timedelta(seconds=n) for n in range(11)])
+    )
+    snapshot = Snapshot("shop", 12, entries, read_at=now)
+    fresh = ServiceQueues("shop", 12, (queue("shop:order.placed"),))  # no message stats yet
+    row = service_row(fresh, snapshot, {}, 0.0, now=now)  # the management API's rate: 0.0 after the burst
+    assert row.failed_per_minute == 11.0 and row.handled_per_minute == 0.0
 
 
 def test_the_chart_adds_the_services_up_at_each_sample():
