@@ -51,7 +51,7 @@ def _overview(request: Request, fleet: Fleet) -> Response:
         "reading": reading,
         "failure": fleet.watch.failure,
         "rows": fleet.rows(),
-        "chart": chart(list(reading.services)),
+        "chart": chart(list(reading.services), reading.broker_started),
         "databases": fleet.databases(),
     }
     return page(request, "overview.html", context)
@@ -84,7 +84,7 @@ def _service(request: Request, fleet: Fleet) -> Response:
         "workers": fleet.workers(name),
         "heartbeat_window": round(2 * fleet.app.events_settings.heartbeat_interval),
         "per_service": any(queue.name == service_queue_name(name) for queue in found.queues),
-        "chart": chart([found]),
+        "chart": chart([found], fleet.reading().broker_started),
     }
     return page(request, "archive.html", context)
 
@@ -148,11 +148,12 @@ def page(request: Request, template: str, context: dict[str, Any]) -> Response:
     return templates.TemplateResponse(request, template, {**shared, **context})
 
 
-def chart(services: list[ServiceQueues]) -> dict[str, Any]:
-    """The handled and archived per minute of ``services`` together, as uPlot's columns (times in seconds)."""
+def chart(services: list[ServiceQueues], since: float | None = None) -> dict[str, Any]:
+    """The handled and archived per minute of ``services`` together, as uPlot's columns (times in seconds), from
+    ``since`` on (when the broker started: before it, the samples are zeros nobody counted)."""
     handled = dict(summed(service.handled_over_time for service in services))
     archived = dict(summed(increments(service.archived_over_time) for service in services))
-    moments = sorted(set(handled) | set(archived))
+    moments = sorted(moment for moment in set(handled) | set(archived) if since is None or moment >= since)
     return {
         "t": moments,
         "series": [

@@ -59,6 +59,13 @@ class Reading:
     def history(self) -> Mapping[str, Any] | None:
         return self.queues.get(HISTORY_STREAM)
 
+    @property
+    def broker_started(self) -> float | None:
+        """When the broker's longest-running node started (seconds since the epoch), as its uptime says: the
+        management API's samples before then are zeros it never counted. ``None``: its nodes are not known."""
+        uptimes = [float(node["uptime"]) for node in self.nodes if isinstance(node.get("uptime"), int | float)]
+        return self.at.timestamp() - max(uptimes) / 1000 if uptimes else None
+
     def archive_rate(self, service: str) -> float | None:
         """Messages per second archived by ``service`` lately (the broker's rate of publishes into its archive)."""
         stats = self.queues.get(archive_queue_name(service), {}).get("message_stats") or {}

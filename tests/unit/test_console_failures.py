@@ -17,6 +17,7 @@ from amqp_events.console.discovery import QueueState, ServiceQueues
 from amqp_events.console.index import ArchiveIndex, Entry, Snapshot
 from amqp_events.console.overview import by_urgency, folded, service_row
 from amqp_events.console.pages import chart
+from amqp_events.console.watch import Reading
 from amqp_events.history.replay import Cursor
 from amqp_events.testing import in_process
 
@@ -175,6 +176,10 @@ def test_the_chart_adds_the_services_up_at_each_sample():
     assert drawn["t"] == [60.0, 120.0]
     assert drawn["series"][0]["values"] == [15.0, 1.0]
     assert drawn["series"][1]["values"] == [3.0, None]  # the archive's growth; a replay's fall counts 0
+    # The broker started at 100 s: the samples before are zeros nobody counted, and are not drawn.
+    assert chart([one, two], since=100.0)["t"] == [120.0]
+    beat = Reading(datetime.fromtimestamp(1000, timezone.utc), (), nodes=({"uptime": 900_000}, {"uptime": 5_000}))
+    assert beat.broker_started == 100.0  # its longest-running node's start
 
 
 def test_the_event_log_is_filtered_newest_first_and_read_back_from_its_file(tmp_path):
