@@ -44,6 +44,18 @@ class Record:
         )
 
 
+#: Every change the console makes, by the word its event log files it under, and how its page says it.
+ACTIONS = {
+    "replay": "replays",
+    "purge": "purges",
+    "edit": "edits",
+    "pause": "pauses",
+    "resume": "resumes",
+    "set limits": "limits set",
+    "reset limits": "limits reset",
+}
+
+
 class AuditTrail:
     """The records, newest last; written through to ``path`` (JSON lines) when given."""
 
@@ -55,6 +67,8 @@ class AuditTrail:
             self._records.extend(_read(path.read_text("utf-8").splitlines()))
 
     def record(self, who: str, action: str, service: str, target: str, **detail: Any) -> Record:
+        if action not in ACTIONS:  # the page lists the actions it logs: one not listed there is a defect
+            raise ValueError(f"not an action of the event log: {action!r}")
         entry = Record(datetime.now(timezone.utc).isoformat(), who, action, service, target, detail)
         logger.warning("%s: %s %s of %s %s", who, action, target, service, json.dumps(detail, default=str))
         with self._lock:

@@ -24,6 +24,7 @@ from starlette.templating import Jinja2Templates
 
 from amqp_events.archive.reasons import MEANINGS
 from amqp_events.console.api import REASONS, chosen, fleet_of
+from amqp_events.console.audit import ACTIONS
 from amqp_events.console.discovery import ServiceQueues, increments, summed
 from amqp_events.console.fleet import Fleet
 from amqp_events.console.index import Entry
@@ -37,7 +38,6 @@ templates = Jinja2Templates(directory=HERE / "templates")
 templates.env.filters["segment"] = segment
 #: Messages a service's page lists at most (the API lists more; "Replay all matching" takes every one).
 PAGE_LIMIT = 500
-ACTIONS = ("replay", "purge", "edit", "pause", "resume")
 
 
 async def overview(request: Request) -> Response:
@@ -132,7 +132,8 @@ async def audit(request: Request) -> Response:
         "records": fleet.audit.records(filters.get("service"), filters.get("who"), filters.get("action")),
         "filters": filters,
         "filters_query": urlencode({key: value for key, value in filters.items() if value}),
-        "actions": ACTIONS,
+        "actions": list(ACTIONS),
+        "action_words": list(ACTIONS.values()),
         "audit_file": fleet.audit.path,
     }
     return await run_in_threadpool(page, request, "audit.html", context)

@@ -430,6 +430,9 @@ def test_an_operator_sets_a_handler_s_limits_on_its_page_and_every_worker_reads_
     assert most == 2
     status, audit = call(f"{console.url}/api/audit?service=mailer")
     assert status == 200 and [row["action"] for row in audit["records"]][:1] == ["set limits"]
+    page.goto(f"{console.url}/audit?action=set+limits")  # the log says it keeps limit changes, and lists them
+    assert "limits set and limits reset" in page.locator("p.muted").first.inner_text()
+    assert "mail.send" in page.locator("#audit").inner_text()
     page.goto(f"{console.url}/services/mailer/archive")
     page.fill("#limit-handler", "mail.send")
     page.click("#reset-limits")
