@@ -43,6 +43,22 @@ def test_getting_started_s_two_services(guide):
     wait_for(lambda: "courier booked for invoice 42" in shipping.log(), 30, what="shipping's handler")
 
 
+def test_a_worker_under_watchfiles_runs_the_handler_as_last_saved(guide):
+    start = guide("getting-started.md")
+    start.write("shipping/celery.py", "fire.py", "orders/celery.py", "orders/handlers.py")
+    start.run(start.line("pip install watchfiles"))
+    shipping = start.worker(start.line("watchfiles --filter python"), "shipping:billing.invoice.paid")
+    code = start.directory / "shipping" / "celery.py"
+    code.write_text(code.read_text().replace("courier booked for", "courier called for"))  # the reader saves
+
+    def fired_and_handled_as_saved() -> bool:
+        start.run("python fire.py")  # until the worker started again handles it (the old one may take some)
+        return "courier called for invoice 42" in shipping.log()
+
+    wait_for(fired_and_handled_as_saved, 60, interval=1.0, what="the handler as saved, after watchfiles restarted")
+    assert shipping.is_running()
+
+
 def test_firing_with_a_key(guide):
     firing = guide("guides/firing.md")
     firing.write("store/celery.py")
