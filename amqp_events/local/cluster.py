@@ -12,6 +12,7 @@ work from another process.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import subprocess
@@ -26,6 +27,8 @@ from amqp_events.local import processes
 from amqp_events.local.broker import LocalBroker
 from amqp_events.local.installation import Installation, find
 from amqp_events.transport.management import ManagementAPI
+
+logger = logging.getLogger(__name__)
 
 CLUSTER_CONFIG = {
     # Leaders of new quorum queues spread over the nodes (the default puts them on the declaring client's node).
@@ -141,6 +144,7 @@ class LocalCluster:
         wanted = self.size if nodes is None else nodes
         deadline = time.monotonic() + timeout
         running: list[str] = []
+        silent: dict[int, float] = {}  # since when each node the cluster lists running has not answered
         while time.monotonic() < deadline:
             for node in self.nodes:
                 if not node.is_running():
@@ -150,11 +154,40 @@ class LocalCluster:
                 except (LocalServerError, ValueError, subprocess.TimeoutExpired):
                     continue
                 running = status.get("running_nodes", [])
-                if len(running) >= wanted and all(_answers(node) for node in self.nodes if node.is_running()):
+                if len(running) >= wanted and self._management_answers(silent):
                     return
                 break
             time.sleep(0.5)
-        raise LocalServerError(f"{wanted} node(s) not running after {timeout:g}s (running: {running})")
+        unanswered = [self.node_name(index) for index in silent]
+        tails = "".join(f"\n--- {self.node_name(index)}:\n{self.nodes[index].log_tail(15)}" for index in silent)
+        raise LocalServerError(
+            f"{wanted} node(s) not running after {timeout:g}s (running: {running}; management API not answering: "
+            f"{unanswered or 'none'}){tails}"
+        )
+
+    def _management_answers(self, silent: dict[int, float]) -> bool:
+        """Whether the management API of each running node answers. One that the cluster lists running but that
+        has not answered for :data:`MANAGEMENT_GRACE` seconds gets its application restarted, once: a node back
+        from a pause (pause_minority) has come back without its management listener."""
+        answering = True
+        for index, node in enumerate(self.nodes):
+            if not node.is_running() or _answers(node):
+                silent.pop(index, None)
+                continue
+            answering = False
+            since = silent.setdefault(index, time.monotonic())
+            if since > 0 and time.monotonic() - since > MANAGEMENT_GRACE:
+                logger.warning(
+                    "node %s runs but its management API has not answered for %d s: restarting its application\n%s",
+                    self.node_name(index), MANAGEMENT_GRACE, node.log_tail(15),
+                )  # fmt: skip
+                silent[index] = 0.0  # once
+                try:
+                    node.rabbitmqctl("stop_app")
+                    node.rabbitmqctl("start_app", timeout=120)
+                except (LocalServerError, subprocess.TimeoutExpired):
+                    logger.exception("could not restart the application of node %s", self.node_name(index))
+        return answering
 
     def kill(self, index: int) -> None:
         """SIGKILL one node, as a power cut would."""
@@ -202,6 +235,10 @@ class LocalCluster:
             "rabbitmq_root": str(self.requested_rabbitmq.root) if self.requested_rabbitmq else None,
         }
         (self.directory / "cluster.json").write_text(json.dumps(layout, indent=2))
+
+
+#: Seconds a node listed running may go without its management API answering before its application restarts.
+MANAGEMENT_GRACE = 45
 
 
 def _answers(node: LocalBroker) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import scrape, value, wait_archived
 
+from amqp_events.celery import events_app
 from amqp_events.exporter import Exporter
 from amqp_events.local.processes import free_port
 from amqp_events.testing import wait_for
@@ -48,19 +49,25 @@ def test_worker_metrics_count_outcomes_failures_durations_and_archives(
     assert not any("pid=" in key or "hostname=" in key for key in metrics)
 
 
-def test_producer_metrics_count_confirmed_and_unroutable(worker, producer):
+def test_producer_metrics_count_confirmed_and_unroutable(worker, broker_url):
     from prometheus_client import REGISTRY
 
+    # A producer of its own: the counters are the process's, and another test's threads here may fire as "tests".
+    producer = events_app("metered", broker_url=broker_url)
+
     def fired(result: str, event: str) -> float:
-        labels = {"service": "tests", "event": event, "result": result}
+        labels = {"service": "metered", "event": event, "result": result}
         return REGISTRY.get_sample_value("amqp_events_events_fired_total", labels) or 0.0
 
     worker("orders")
-    before = fired("confirmed", "test.ping"), fired("unroutable", "nobody.listens")
-    producer.fire("test.ping", ["x"], {})
-    producer.fire("nobody.listens", [], {})
-    with producer.batch():
-        producer.fire("test.ping", ["y"], {})
+    try:
+        before = fired("confirmed", "test.ping"), fired("unroutable", "nobody.listens")
+        producer.fire("test.ping", ["x"], {})
+        producer.fire("nobody.listens", [], {})
+        with producer.batch():
+            producer.fire("test.ping", ["y"], {})
+    finally:
+        producer.close()
     assert fired("confirmed", "test.ping") == before[0] + 2
     assert fired("unroutable", "nobody.listens") == before[1] + 1
 
