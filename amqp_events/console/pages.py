@@ -76,8 +76,8 @@ def _service(request: Request, fleet: Fleet) -> Response:
         "filters_query": urlencode(wanted),
         "reasons": sorted(REASONS),
         "meanings": {str(reason): meaning for reason, meaning in MEANINGS.items()},
-        # What the pause and limits forms offer: the handlers whose own queues the broker lists, and those with a
-        # limit set at run time (the per_service layout's handlers share one queue, which names none).
+        # What the pause and limits forms offer: the handlers whose own queues the broker lists (the per_service
+        # layout's handlers share one queue, which names none: its forms offer nothing and take any name).
         "handlers": sorted({task for queue in found.queues if (task := task_of_queue(name, queue.name))}),
         "parked": fleet.parked(name),
         "limits": _limits(fleet, name),
