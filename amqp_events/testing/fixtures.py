@@ -113,9 +113,9 @@ class Cluster:
         self.nodes.partition(*indices)
 
     def heal(self) -> None:
-        """Join the sides again and wait until every node runs the broker again."""
+        """Join the sides again and wait until every node runs the broker again (room for a stuck node's restart)."""
         self.nodes.heal()
-        self.nodes.wait_until_running()
+        self.nodes.wait_until_running(timeout=240)
 
     def leader_of(self, vhost: str, queue: str) -> int:
         """The index of the node that leads ``queue`` now."""

@@ -240,7 +240,7 @@ def running_nodes(cluster, index: int) -> list[str]:
     return json.loads(status).get("running_nodes", [])
 
 
-@pytest.mark.timeout(600)  # the retries' wait below is up to 300 s
+@pytest.mark.timeout(900)  # the retries' wait below is up to 300 s, the heal up to 240 s
 def test_a_network_partition_loses_nothing_confirmed_and_the_majority_goes_on(
     cluster, cluster_url, on_cluster, records, tmp_path
 ):
