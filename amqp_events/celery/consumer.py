@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from celery import signals
+from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from kombu import Connection
 from kombu.message import Message
@@ -178,8 +179,8 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         (theirs among them) sent together."""
         if self.coroutine_runner is not None:
             self.coroutine_runner.before_poll()
-        if self.held_acks is not None:
-            self.held_acks.send_if_waiting()
+        if self.held_acks is not None:  # a run of Celery's pool that ends wakes the loop: its ack may join these
+            self.held_acks.send_if_waiting(len(worker_state.active_requests))
 
     def stop(self) -> None:
         self.after_stop = self.after_stop if self.after_stop is not None else collections.deque()
@@ -315,7 +316,9 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         once half the prefetch window is held, or after 50 ms). What the previous channel held went back with it."""
         if self.hub is None:
             return
-        self.held_acks = HeldAcks(self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2)
+        self.held_acks = HeldAcks(
+            self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2, self.hub.call_later
+        )
 
     def settler_of(self, message: Message) -> ChannelSettler:
         """Settles a message of the task channel, from this consumer's thread; the ack of a message a copy

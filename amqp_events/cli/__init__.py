@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 import click
@@ -50,6 +49,14 @@ for command in (topology, archive, history, fire, outbox, inbox, exporter, broke
 
 def run() -> None:
     """The ``amqp-events`` command: output piped into ``head`` ends quietly, as any command line tool's does
-    (only in the command's own process: not when ``main`` is invoked inside another program, such as a test)."""
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    main()
+    (only in the command's own process: not when ``main`` is invoked inside another program, such as a test).
+
+    SIGPIPE stays ignored (Python's default): with it, a socket whose peer went away (a browser leaving the
+    console mid-response, a broker closing a connection) would kill the process instead of raising an error
+    its code handles. Click ends the command at its first write into the closed pipe; what is still buffered
+    goes to /dev/null, not into a second error at exit."""
+    try:
+        main()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

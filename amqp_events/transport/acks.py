@@ -2,15 +2,17 @@
 
 A channel numbers its deliveries 1, 2, 3, ... (again from 1 when it is reopened); an ack with ``multiple`` settles
 every outstanding delivery up to its tag. :class:`HeldAcks` holds the acks a consumer's channel is given in a fast
-run (each within :data:`HOLD_GAP` of the one before) while more deliveries wait to be read, and sends them once the
-worker is about to wait (its event loop's tick before each poll), once ``limit`` are held, or once the oldest is
-:data:`MAX_HOLD` old. An ack with ``multiple`` is sent only up to a tag below which every delivery of the channel
-is settled here (acked, rejected or requeued), so it never settles a message still running; the others are sent
-alone. Rejects and requeues go out at once, and so does an ack given in another thread than the consumer's, or
-after a slower handler. With the solo pool the held acks of a fast run may wait for the run of the message after
-them (a duplicate, should the worker die meanwhile, as with any ack not yet sent). The ack of a message whose copy
-was published in its place (a retry, the archive) must not wait so, or the message and its copy would both come
-back: its delivery is marked (:meth:`HeldAcks.never_hold`), and its ack goes out as given, with what is held.
+run (each within :data:`HOLD_GAP` of the one before) while more deliveries wait to be read or runs of the pool
+(whose results wake the event loop) may end in a moment, and sends them once the worker is about to wait with
+neither (its event loop's tick before each poll), once ``limit`` are held, or once the oldest is :data:`MAX_HOLD`
+old (a timer of the event loop sees to it while the loop waits). An ack with ``multiple`` is sent only up to a tag
+below which every delivery of the channel is settled here (acked, rejected or requeued), so it never settles a
+message still running; the others are sent alone. Rejects and requeues go out at once, and so does an ack given in
+another thread than the consumer's, or after a slower handler. With the solo pool the held acks of a fast run may
+wait for the run of the message after them (a duplicate, should the worker die meanwhile, as with any ack not yet
+sent). The ack of a message whose copy was published in its place (a retry, the archive) must not wait so, or the
+message and its copy would both come back: its delivery is marked (:meth:`HeldAcks.never_hold`), and its ack goes
+out as given, with what is held.
 
 Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
 "unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a
@@ -87,8 +89,11 @@ class HeldAcks:
     """Holds the acks of ``channel`` (a py-amqp channel, through which kombu's messages settle) and sends them
     together (see the module's text); installed on the channel until :meth:`uninstall`."""
 
-    def __init__(self, channel: Any, limit: Callable[[], int]) -> None:
-        self.channel, self.limit = channel, limit
+    def __init__(
+        self, channel: Any, limit: Callable[[], int], call_later: Callable[[float, Callable[[], None]], Any]
+    ) -> None:
+        self.channel, self.limit, self.call_later = channel, limit, call_later
+        self.timer: Any = None  # the event loop's timer that sends what is still held after MAX_HOLD
         self.window = AckWindow()
         # Reentrant: a signal handler of the consumer's thread (a cold shutdown) may ack while it sends.
         self.lock = threading.RLock()
@@ -130,11 +135,20 @@ class HeldAcks:
                 self.holding = False
                 self.marked.clear()
 
-    def send_if_waiting(self) -> None:
-        """Send the held acks unless more deliveries wait to be read (then a later tick sends them, within
-        :data:`MAX_HOLD`)."""
-        if self.window.held and (time.monotonic() - self.oldest_held > MAX_HOLD or not self._more_to_read()):
+    def send_if_waiting(self, running: int = 0) -> None:
+        """Send the held acks unless more deliveries wait to be read, or ``running`` runs (a pool's, whose results
+        wake the loop) may end in a moment: then a later tick sends them, or a timer, within :data:`MAX_HOLD`."""
+        if not self.window.held:
+            return
+        if time.monotonic() - self.oldest_held > MAX_HOLD or not (running or self._more_to_read()):
             self.send()
+            return
+        if self.timer is None:  # the loop may then wait in its poll: it must not keep them longer
+            self.timer = self.call_later(MAX_HOLD, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        self.send()
 
     def send(self) -> None:
         """Send the held acks now. If the channel is gone, so are they: the broker has those messages back."""
@@ -146,6 +160,9 @@ class HeldAcks:
 
     def uninstall(self) -> None:
         """Send what is held, and give the channel its own ack and reject back."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         self.send()
         with self.lock:
             self.holding = False  # a caller that found this ack before it was taken off sends at once

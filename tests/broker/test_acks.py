@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from amqp.exceptions import NotFound
 from kombu import Connection, Consumer, Producer, Queue
+from kombu.asynchronous.timer import Timer
 from kombu.message import Message
 
 from amqp_events.celery.loop import acked_unheld
@@ -60,7 +61,7 @@ def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstandi
     with Connection(broker_url) as connection:
         queue, channel = filled(connection, COUNT)
         received = []
-        held = HeldAcks(channel, lambda: COUNT)
+        held = HeldAcks(channel, lambda: COUNT, Timer().call_after)
         frames: list[tuple[int, bool]] = []
         send = held._ack
         held._ack = lambda tag, multiple=False: (frames.append((tag, multiple)), send(tag, multiple))
@@ -95,7 +96,7 @@ def test_a_run_of_acks_is_one_frame_and_a_delivery_still_running_stays_outstandi
 def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_count(broker_url):
     with Connection(broker_url) as connection:
         queue, channel = filled(connection, 10)
-        held = HeldAcks(channel, lambda: 100)
+        held = HeldAcks(channel, lambda: 100, Timer().call_after)
         received: list = []
 
         def take(count: int) -> None:
@@ -129,6 +130,42 @@ def test_a_channel_opened_again_never_settles_its_new_deliveries_with_the_old_co
             back.queue_delete(queue.name)
 
 
+def test_acks_wait_for_the_runs_about_to_end_and_the_timer_sends_them_while_the_loop_waits(broker_url):
+    """Celery's pool ends its runs in other processes, and each result wakes the event loop: while some run, the
+    acks held wait for theirs (one frame), and if the loop then waits, its timer sends them after MAX_HOLD."""
+    with Connection(broker_url) as connection:
+        queue, channel = filled(connection, 6)
+        timers: list[tuple[float, Callable[[], None]]] = []
+
+        def call_later(delay: float, callback: Callable[[], None]) -> Any:
+            timers.append((delay, callback))
+            return timers[-1]
+
+        held = HeldAcks(channel, lambda: 100, call_later)
+        frames: list[tuple[int, bool]] = []
+        send = held._ack
+        held._ack = lambda tag, multiple=False: (frames.append((tag, multiple)), send(tag, multiple))
+        received: list = []
+        with Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]):
+            while len(received) < 6:
+                connection.drain_events(timeout=10)
+            for message in received[:3]:
+                message.ack()  # the first at once, two held
+            held.send_if_waiting(running=3)
+            assert frames == [(1, False)] and [delay for delay, _ in timers] == [acks.MAX_HOLD]
+            for message in received[3:5]:
+                message.ack()
+            held.send_if_waiting(running=1)
+            assert frames == [(1, False)] and len(timers) == 1  # one timer for what is held
+            timers[0][1]()  # the loop waited in its poll: the timer fires
+            assert frames == [(1, False), (5, True)]
+            received[5].ack()
+            held.send_if_waiting(running=0)  # nothing runs, nothing to read: at once
+            assert frames[-1] == (6, False) and len(timers) == 1
+            held.uninstall()
+        channel.queue_delete(queue.name)
+
+
 def marker(held: HeldAcks) -> Callable[[Message], None]:
     return lambda message: held.never_hold(message.delivery_tag)
 
@@ -152,7 +189,7 @@ def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held
     dying = Connection(broker_url)
     try:
         queue, channel = filled(dying, 4)
-        held = HeldAcks(channel, lambda: 100)
+        held = HeldAcks(channel, lambda: 100, Timer().call_after)
         received: list = []
         Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)]).consume()
         while len(received) < 4:

@@ -438,3 +438,18 @@ def test_an_operator_sets_a_handler_s_limits_on_its_page_and_every_worker_reads_
     page.click("#reset-limits")
     assert json.loads(outcome(page, "done: ").removeprefix("done: ")) == {"limits": {}}
     assert call(f"{console.url}/api/services/mailer/limits/mail.nope", {"reset": True}, CSRF)[0] == 404
+
+
+def test_clients_that_reset_their_connection_mid_response_leave_the_console_serving(console):
+    """A browser that leaves a page while the console writes it resets the connection: the write fails with an
+    error the server handles. The process ignores SIGPIPE, as a Python server does (the signal would end it)."""
+    status = open(f"/proc/{console.process.pid}/status").read()  # noqa: SIM115
+    ignored = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), 16)
+    assert ignored & (1 << (13 - 1)), "SIGPIPE is not ignored"
+    host, port = console.url.removeprefix("http://").split(":")
+    for _ in range(20):
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+            client.sendall(f"GET /services HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    assert console.process.poll() is None, console.output()
+    assert call(console.url + "/api/services")[0] in (200, 401)
