@@ -76,13 +76,15 @@ def fire(broker_url: str, tag: str, how: dict[str, Any] | None = None, event_id:
 
 
 @pytest.mark.parametrize("pool", POOLS)
-def test_inspect_shows_the_runs_the_totals_the_processes_and_the_queues(pool, operated, broker_url, records):
+def test_inspect_shows_the_runs_the_totals_the_processes_and_the_queues(pool, operated, broker_url, records, tmp_path):
     operated(pool, "-c", "2")
-    for n in range(4):
-        fire(broker_url, f"slow-{n}", {"sleep": 4})
+    released = tmp_path / "released"
+    for n in range(4):  # each run lasts until the test has seen two of them
+        fire(broker_url, f"slow-{n}", {"until": str(released)})
+    records.wait(2, timeout=30)
     active = wait_for(lambda: len(found := celery(broker_url, "inspect", "active")) == 2 and found, 30,
                       what="two runs active")  # fmt: skip
-    # Two of the four at a time (which two depends on when the inspection got its answers: each run takes 4 s).
+    released.touch()
     shown = [run["args"][0] for run in active]
     assert len(set(shown)) == 2 and set(shown) <= {f"slow-{n}" for n in range(4)}, shown
     assert {run["name"] for run in active} == {"test.ping"} and len({run["worker_pid"] for run in active}) == 2
@@ -184,7 +186,7 @@ def serving(url: str) -> Any:
         return None
 
 
-def test_flower_shows_the_processes_each_task_s_state_and_the_queues(operated, broker_url, rabbitmq, records):
+def test_flower_shows_the_processes_each_task_s_state_and_the_queues(operated, broker_url, rabbitmq, records, tmp_path):
     operated(None, "-c", "2")
     port = free_port()
     management = rabbitmq.management.base_url.replace("://", "://guest:guest@") + "/api/"
@@ -220,9 +222,11 @@ def test_flower_shows_the_processes_each_task_s_state_and_the_queues(operated, b
         broker_page = get(f"{base}/broker")
         assert "orders:test.ping" in broker_page and "No queue data" not in broker_page
         # The worker's heartbeats count the processes' runs (Flower's Active column, its gauge here).
-        fire(broker_url, "slow", {"sleep": 8})
+        released = tmp_path / "released"
+        fire(broker_url, "slow", {"until": str(released)})  # runs until a heartbeat has counted it
         gauge = f'flower_worker_number_of_currently_executing_tasks{{worker="{name}"}} 1.0'
         wait_for(lambda: gauge in get(f"{base}/metrics") or None, 30, what="a heartbeat counting the run")
+        released.touch()
         # Flower's Grow button.
         grown = urllib.request.Request(f"{base}/api/worker/pool/grow/{name}?n=1", method="POST", data=b"")
         urllib.request.urlopen(grown, timeout=10).close()

@@ -61,6 +61,10 @@ def behave(task: Any, service: str, tag: str, how: dict[str, Any] | None) -> Non
         return
     if how.get("sleep"):
         time.sleep(how["sleep"])
+    if how.get("until"):  # runs until the test creates this file (at most 60 s): a run that lasts as long as needed
+        deadline = time.monotonic() + 60
+        while not os.path.exists(how["until"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
     if how.get("allocate_mb"):  # resident for a moment: the process's peak memory rises by as much
         held = b"x" * (how["allocate_mb"] << 20)
         del held
