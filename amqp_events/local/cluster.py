@@ -168,8 +168,8 @@ class LocalCluster:
     def _management_answers(self, silent: dict[int, float]) -> bool:
         """Whether the management API of each running node answers. One that the cluster lists running but that
         has not answered for :data:`MANAGEMENT_GRACE` seconds is restarted, once: a node back from a pause
-        (pause_minority) has come back without its management listener, and once with an application that
-        ``stop_app`` could not stop within 60 s either (RabbitMQ 3.10 stuck in its boot after the heal)."""
+        (pause_minority) has come back without its management listener, and once with an application whose
+        ``stop_app`` hung too (RabbitMQ 3.10 stuck in its boot after the heal): then the node is killed and started."""
         answering = True
         for index, node in enumerate(self.nodes):
             if not node.is_running() or _answers(node):
