@@ -194,13 +194,13 @@ def test_flower_shows_the_processes_each_task_s_state_and_the_queues(operated, b
     management = rabbitmq.management.base_url.replace("://", "://guest:guest@") + "/api/"
     if not FLOWER.exists():
         skip_outside_ci(f"Flower's virtualenv is not there ({FLOWER}): `bash scripts/setup dev` makes it")
-    # Without the app, from its own virtualenv, as its docs run it beside the workers: it learns from their events.
+    # With the app (the service's own remote-control exchange), from a virtualenv of its own beside the worker's.
     flower = subprocess.Popen(
-        [str(FLOWER), f"--broker={broker_url}", "flower", f"--port={port}", "--address=127.0.0.1",
+        [str(FLOWER), "-A", "services.orders", "flower", f"--port={port}", "--address=127.0.0.1",
          f"--broker_api={management}"],
         # Its HTTP API answers without a login only so told (an operator's Flower has --basic-auth or OAuth).
-        env={**os.environ, "FLOWER_UNAUTHENTICATED_API": "1"},
-        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "BROKER_URL": broker_url, "PYTHONPATH": str(TESTS), "FLOWER_UNAUTHENTICATED_API": "1"},
+        cwd=TESTS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
