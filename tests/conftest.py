@@ -59,15 +59,25 @@ ON_EVERY_LINE = {
     "test_ordered": "single-active-consumer partitions",
     "test_cluster": "quorum queues' replication and leader election under node loss and partitions",
 }
+#: A worker's own parameters: the broker sees the same on every line whichever is chosen, so on the other line a test
+#: of ON_EVERY_LINE runs at the first value of each (its other values run on the machine's line).
+WORKER_SIDE = ("pool", "coroutines")
+
+
+def on_every_line(item: pytest.Item) -> bool:
+    module = getattr(item, "module", None)
+    if module is None or module.__name__.rpartition(".")[2] not in ON_EVERY_LINE:
+        return False
+    indices = getattr(getattr(item, "callspec", None), "indices", {})
+    return all(indices.get(name, 0) == 0 for name in WORKER_SIDE)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark tests by the servers they use: ``broker``, ``cluster``, ``database``; and ``every_line`` (see
-    :data:`ON_EVERY_LINE`). ``-m "not broker"``: the fast tier."""
+    :data:`ON_EVERY_LINE` and :data:`WORKER_SIDE`). ``-m "not broker"``: the fast tier."""
     for item in items:
-        module = getattr(item, "module", None)
-        if module is not None and module.__name__.rpartition(".")[2] in ON_EVERY_LINE:
+        if on_every_line(item):
             item.add_marker(pytest.mark.every_line)
         fixtures = getattr(item, "fixturenames", ())
         on_a_broker = getattr(item, "callspec", None) and item.callspec.params.get("mode") == "broker"  # contract

@@ -390,9 +390,9 @@ def fleet(rabbitmq, broker_url, cli_process) -> Any:
 
 @pytest.mark.parametrize(
     "pool",
-    [{"pool": "solo"}, {"pool": "threads", "concurrency": 4}, {"pool": "prefork", "concurrency": 2},
-     {"pool": None, "concurrency": 2}],
-    ids=["solo", "threads", "prefork", "default"],
+    [{"pool": None, "concurrency": 2}, {"pool": "solo"}, {"pool": "threads", "concurrency": 4},
+     {"pool": "prefork", "concurrency": 2}],
+    ids=["default", "solo", "threads", "prefork"],  # the default first: the one run on the other RabbitMQ line
 )  # fmt: skip
 def test_any_message_ends_handled_or_archived_and_the_worker_keeps_serving(
     pool, fleet, start_worker, cli_process, broker_url, records, archive_of, rabbitmq, vhost
