@@ -133,7 +133,8 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
     refused = cut or wrong
     if refused is None and hooks:
         refused = read_in_place(message, lambda received: handling.receive(context, received))
-        refused = refused or malformed(message.headers)  # what the hooks made of it (a CloudEvent's id)
+        # What the hooks made of it (a CloudEvent's id), or else only what was not asked of it before.
+        refused = refused or malformed(message.headers, read_only=message.headers is headers)
     drop_unverified(message.headers, info.get("exchange") == context.dead_letter_exchange)
     own = vouch(context.identity, (message.properties or {}).get("user_id"), message.headers)
     if refused is not None:
@@ -168,9 +169,10 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
     return routed
 
 
-def malformed(headers: dict[Any, Any], complete: bool = True) -> ToArchive | None:
-    """The headers that are not what they must be, removed (the archived copy keeps the others), and why."""
-    wrong = bounds.malformed(headers, complete)
+def malformed(headers: dict[Any, Any], complete: bool = True, read_only: bool = False) -> ToArchive | None:
+    """The headers that are not what they must be, removed (the archived copy keeps the others), and why;
+    ``read_only``: they were checked but for what an event must have, and only that is left."""
+    wrong = bounds.missing(headers) if read_only else bounds.malformed(headers, complete)
     if not wrong:
         return None
     for name in wrong:

@@ -143,17 +143,22 @@ def malformed(headers: Mapping[Any, Any], complete: bool = True) -> dict[Any, st
     """The headers that are not what they must be, by their names as they came (a name that is not UTF-8 comes
     as bytes), each with what it must be (empty: all fine); ``complete``: also those an event must have (a
     CloudEvent in structured mode, say, has them only once it is read)."""
-    wrong: dict[Any, str] = {}
-    if complete and headers.get("id") is None and headers.get("ce-id") is None:
-        wrong["id"] = "is missing: every event has an id (Celery's task id)"
+    wrong = missing(headers) if complete else {}
     for key, value in headers.items():
         if not isinstance(key, str):
             wrong[key] = "a header name must be a UTF-8 string"
-        elif depth(value) > MAX_HEADER_DEPTH:
+        elif type(value) not in _FLAT and depth(value) > MAX_HEADER_DEPTH:  # most are flat: no call
             wrong[key] = f"nested more than {MAX_HEADER_DEPTH} deep"
         elif key in EXPECTED and not EXPECTED[key][0](value):
             wrong[key] = f"must be {EXPECTED[key][1]}, not {_shown(value)}"
     return wrong
+
+
+def missing(headers: Mapping[Any, Any]) -> dict[Any, str]:
+    """The headers every event must have that ``headers`` lacks, each with why."""
+    if headers.get("id") is None and headers.get("ce-id") is None:
+        return {"id": "is missing: every event has an id (Celery's task id)"}
+    return {}
 
 
 def describe(wrong: Mapping[Any, str]) -> str:
@@ -194,6 +199,8 @@ def encoded_size(value: Any) -> int:
 def cut_headers(headers: dict[Any, Any], limit: int = MAX_HEADERS_BYTES) -> list[str]:
     """Drop the largest headers (never ``task`` or ``id``, which are short) until the rest take ``limit``
     bytes at most, in place; returns what was dropped, each as ``name (N bytes)``."""
+    if at_most(headers) <= limit:  # nothing to cut, known without encoding anything
+        return []
     sizes = {key: 1 + len(str(key)) + encoded_size(value) for key, value in headers.items()}
     total, dropped = sum(sizes.values()), []
     for key in sorted(sizes, key=lambda name: -sizes[name]):
@@ -205,6 +212,27 @@ def cut_headers(headers: dict[Any, Any], limit: int = MAX_HEADERS_BYTES) -> list
         total -= sizes[key]
         dropped.append(f"{key!r} ({sizes[key]} bytes)")
     return dropped
+
+
+#: The encoded size of a scalar other than a string: type byte and 8 bytes at most (:func:`encoded_size`).
+_SCALAR_SIZE = {int: 9, float: 9, bool: 2, type(None): 2}
+
+
+def at_most(headers: Mapping[Any, Any]) -> int:
+    """A bound from above of what :func:`cut_headers` counts, reading only lengths (a character takes 4 bytes at
+    most): a message's headers are mostly short strings and numbers, and then encoding each one costs more than
+    the rest of its routing."""
+    total = 0
+    for key, value in headers.items():
+        total += 1 + len(str(key))
+        kind = type(value)
+        if kind is str:
+            total += 5 + 4 * len(value)
+        elif kind in _SCALAR_SIZE:
+            total += _SCALAR_SIZE[kind]
+        else:
+            total += encoded_size(value)
+    return total
 
 
 def cut_body(body: bytes, limit: int) -> tuple[bytes, str] | None:

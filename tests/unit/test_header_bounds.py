@@ -1,5 +1,5 @@
-"""How deep a header nests (pure): what the worker measures before anything reads a header, checked over every
-shape py-amqp can read a field table into (Hypothesis)."""
+"""How deep a header nests and how many bytes the headers take (pure): what the worker measures before anything
+reads a header, checked over every shape py-amqp can read a field table into (Hypothesis)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,19 @@ def test_a_table_of_scalars_is_one_deep_and_an_empty_one_is_flat() -> None:
     for _ in range(12):
         deep = [deep]
     assert bounds.depth({"deep": deep}, limit=3) == 4
+
+
+@given(st.dictionaries(st.text(max_size=8), FIELDS, max_size=6), st.integers(min_value=0, max_value=400))
+def test_the_quick_bound_of_the_headers_is_never_below_what_is_cut_by(headers: dict[str, Any], limit: int) -> None:
+    """:func:`~amqp_events.wire.bounds.at_most` lets :func:`~amqp_events.wire.bounds.cut_headers` skip encoding
+    anything: only sound if it never says less than the sizes the cut counts."""
+    exact = sum(1 + len(str(key)) + bounds.encoded_size(value) for key, value in headers.items())
+    assert bounds.at_most(headers) >= exact
+    kept = dict(headers)
+    dropped = bounds.cut_headers(kept, limit)
+    assert (dropped == []) == (kept == headers)
+    assert (
+        not dropped
+        or sum(1 + len(str(k)) + bounds.encoded_size(v) for k, v in kept.items()) <= limit
+        or (set(kept) <= {"task", "id"})
+    )
