@@ -28,7 +28,8 @@ settings.load_profile("suite")
 
 #: The test modules whose outcome depends on the RabbitMQ line, and how: their broker tests run on every supported
 #: line (``every_line``: ``scripts/test`` runs them on the other line too); the rest exercise the library over what
-#: both lines do alike, and run on the machine's line.
+#: both lines do alike, and run on the machine's line. In a module where only some tests depend on the line, each
+#: of those says so itself: ``@pytest.mark.line_dependent("what of the broker")``.
 ON_EVERY_LINE = {
     "test_isolation": "the dead-lettering headers a sender can forge (3.10 keeps a sender's x-first-death-*)",
     "test_least_privilege": "permissions, topic authorisation and user_id validation",
@@ -45,8 +46,6 @@ ON_EVERY_LINE = {
     "test_flow_control": "the windows kept on the broker (message TTL, queue length)",
     "test_flow_waiting": "a queue consumed at a prefetch of its own",
     "test_history": "streams",
-    "test_cli": "the management API and the node's own commands",
-    "test_console": "the management API",
     "test_console_groups": "the management API, remote control",
     "test_metrics": "the management API",
     "test_monitoring": "the management API and Prometheus' scrape of the node",
@@ -57,7 +56,6 @@ ON_EVERY_LINE = {
     "test_celery_compat": "Celery's QoS and queue declarations",
     "test_consuming_pool": "consumers per process, cancelled and resumed",
     "test_ordered": "single-active-consumer partitions",
-    "test_cluster": "quorum queues' replication and leader election under node loss and partitions",
 }
 #: A worker's own parameters: the broker sees the same on every line whichever is chosen, so on the other line a test
 #: of ON_EVERY_LINE runs at the first value of each (its other values run on the machine's line).
@@ -66,7 +64,9 @@ WORKER_SIDE = ("pool", "coroutines")
 
 def on_every_line(item: pytest.Item) -> bool:
     module = getattr(item, "module", None)
-    if module is None or module.__name__.rpartition(".")[2] not in ON_EVERY_LINE:
+    if module is None:
+        return False
+    if module.__name__.rpartition(".")[2] not in ON_EVERY_LINE and item.get_closest_marker("line_dependent") is None:
         return False
     indices = getattr(getattr(item, "callspec", None), "indices", {})
     return all(indices.get(name, 0) == 0 for name in WORKER_SIDE)

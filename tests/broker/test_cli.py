@@ -31,6 +31,7 @@ def fill(worker, producer, archive, tags, event="test.ping"):
     return ids
 
 
+@pytest.mark.line_dependent("x-death and the archive through the management API")
 def test_archive_list_and_show_describe_real_failures(worker, producer, archive_of, cli):
     worker("orders")
     ids = fill(worker, producer, archive_of("orders"), ["a", "b"])
@@ -110,6 +111,7 @@ def test_replay_asks_first_and_refuses_without_a_terminal(worker, producer, arch
     assert result.exit_code == 1 and "--yes" in result.output and archive_of("orders").count() == 1
 
 
+@pytest.mark.line_dependent("a browse and its acks on a quorum queue")
 def test_a_replay_killed_between_publish_and_ack_loses_nothing(worker, producer, archive_of, broker_url):
     process = worker("orders")
     archive = archive_of("orders")
@@ -130,6 +132,7 @@ def test_a_replay_killed_between_publish_and_ack_loses_nothing(worker, producer,
         assert queue.message_count == 1
 
 
+@pytest.mark.line_dependent("what the management API says of declared queues")
 def test_topology_show_declare_and_check(cli, broker_url, monkeypatch):
     shown = json.loads(cli("topology", "show", "--json").output)
     assert "orders:test.ping" in {queue["name"] for queue in shown["queues"]}
@@ -146,6 +149,7 @@ def test_topology_show_declare_and_check(cli, broker_url, monkeypatch):
     assert "quorum queues, more than amqp_events_quorum_queue_warning (10): about" in crowded.output
 
 
+@pytest.mark.line_dependent("declare arguments' equivalence")
 def test_topology_check_finds_a_queue_declared_by_hand_with_other_arguments(cli, broker_url):
     with Connection(broker_url) as connection:
         connection.default_channel.queue_declare("orders:test.ping", durable=True, auto_delete=False)
@@ -200,6 +204,7 @@ def test_expected_failures_are_one_line_and_a_non_zero_status(cli):
     assert len(missing.output.strip().splitlines()) == 1
 
 
+@pytest.mark.line_dependent("starting and stopping a node of the line")
 @pytest.mark.broker  # starts a node of its own, on port 5672 when it is free:
 @pytest.mark.xdist_group("guides")  # in the test process of the guides tier, which needs that port
 def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
@@ -220,6 +225,7 @@ def test_broker_start_status_stop_leave_no_process_behind(tmp_path):
     assert run(AMQP_EVENTS, "broker", "status", "--dir", directory).returncode == 3
 
 
+@pytest.mark.line_dependent("the node's own commands")
 @pytest.mark.broker  # starts a node of its own, in the default directory under the current one
 @pytest.mark.xdist_group("guides")  # port 5672 when it is free, which the guides tier needs
 def test_commands_run_against_the_local_broker_find_it_and_its_management_api(tmp_path, monkeypatch):
@@ -287,6 +293,7 @@ def read_until(fd: int, text: str, timeout: float = 30.0) -> str:
     return seen.decode(errors="replace")
 
 
+@pytest.mark.line_dependent("purging through the management API")
 def test_purge_deletes_exactly_what_was_shown_and_confirmed(worker, producer, archive_of, broker_url):
     worker("orders")
     archive = archive_of("orders")
@@ -357,6 +364,7 @@ def test_errors_say_which_broker_and_a_closed_pipe_ends_quietly(tmp_path):
     assert shown.wait(60) != 0 and b"BrokenPipe" not in shown.stderr.read()
 
 
+@pytest.mark.line_dependent("deleting queues and exchanges")
 def test_a_retired_service_s_queues_and_exchanges_are_gone_and_what_is_shared_stays(
     worker, producer, archive_of, cli_process, rabbitmq, vhost, service_app
 ):
@@ -386,6 +394,7 @@ def test_a_retired_service_s_queues_and_exchanges_are_gone_and_what_is_shared_st
     assert producer.transport.count("amqp_events.delay.00") == 0
 
 
+@pytest.mark.line_dependent("users and permissions")
 def test_permissions_apply_creates_the_user_then_sets_a_new_password_or_says_it_kept_it(cli_process, rabbitmq, vhost):
     if rabbitmq.node is None:
         pytest.skip("deleting users needs the harness's own node (rabbitmqctl)")

@@ -51,6 +51,7 @@ def outcome(page, starting: str = "") -> str:
     return wait_for(told, 10, what=f"the page telling an outcome {starting!r}")
 
 
+@pytest.mark.line_dependent("the archive through the management API")
 def test_an_archived_event_is_shown_with_its_traceback_and_after_the_fix_a_click_replays_it(
     worker, producer, records, archive_of, console, browser
 ):
@@ -91,6 +92,7 @@ def test_an_archived_event_is_shown_with_its_traceback_and_after_the_fix_a_click
     assert archive_of("orders").list() == []
 
 
+@pytest.mark.line_dependent("purging through the management API")
 def test_a_purge_needs_the_service_s_name_typed(worker, producer, archive_of, console, browser):
     worker("orders")
     event_id = producer.fire("test.ping", ["p1"], {"how": {"permanent": True}})
@@ -121,6 +123,7 @@ def test_a_purge_needs_the_service_s_name_typed(worker, producer, archive_of, co
     wait_for(lambda: archive_of("orders").count() == 0, 10, what="the message purged")
 
 
+@pytest.mark.line_dependent("consumers cancelled and resumed by remote control")
 def test_pausing_a_handler_stops_its_consumption_on_every_worker(worker, producer, records, console, browser):
     worker("orders")
     worker("orders", pool="threads", concurrency=2)
@@ -188,6 +191,7 @@ def test_the_api_answers_bad_input_with_a_clear_4xx(worker, console):
     assert status == 400 and "choose what to replay" in answer["error"]
 
 
+@pytest.mark.line_dependent("user_id validation of a replay")
 def test_a_replay_through_the_api_is_stamped_with_who_made_it(worker, producer, archive_of, console):
     worker("orders")
     producer.fire("test.ping", ["again"], {"how": {"permanent": True}})
@@ -396,6 +400,7 @@ def test_an_archived_id_with_slashes_and_dots_names_that_entry_of_its_service_al
     assert problems == []
 
 
+@pytest.mark.line_dependent("the limits' stream")
 def test_an_operator_sets_a_handler_s_limits_on_its_page_and_every_worker_reads_them(
     worker, producer, records, console, browser, broker_url
 ):

@@ -83,6 +83,7 @@ def on_cluster(cluster_url, worker):
     return start
 
 
+@pytest.mark.line_dependent("quorum queues' replicas and leader placement")
 def test_every_queue_has_a_replica_on_every_node_and_leaders_are_spread(cluster, cluster_url, on_cluster, cli):
     on_cluster("orders")
     vhost = vhost_of(cluster_url)
@@ -107,6 +108,7 @@ def test_every_queue_has_a_replica_on_every_node_and_leaders_are_spread(cluster,
     assert "under-replicated queue 'orders.archive': 2 member(s) of 3" in reduced.output
 
 
+@pytest.mark.line_dependent("leader election under node loss")
 def test_killing_the_node_that_leads_a_queue_while_events_flow_loses_nothing(cluster, cluster_url, on_cluster, records):
     orders, shipping = on_cluster("orders"), on_cluster("shipping")
     time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
@@ -161,6 +163,7 @@ def test_ordered_events_stay_in_order_when_the_node_leading_a_partition_is_kille
     producer.close()
 
 
+@pytest.mark.line_dependent("dead-lettering from quorum queues under node loss")
 def test_retries_waiting_in_the_delay_ladder_survive_a_node_kill(cluster, cluster_url, on_cluster, records):
     on_cluster("orders")
     time.sleep(3)  # RabbitMQ 3.10 can lose a quorum queue declared ~2 s before a node dies (RELIABILITY.md)
@@ -240,6 +243,7 @@ def running_nodes(cluster, index: int) -> list[str]:
     return json.loads(status).get("running_nodes", [])
 
 
+@pytest.mark.line_dependent("quorum queues under a partition")
 @pytest.mark.timeout(900)  # the retries' wait below is up to 300 s, the heal up to 240 s
 def test_a_network_partition_loses_nothing_confirmed_and_the_majority_goes_on(
     cluster, cluster_url, on_cluster, records, tmp_path
