@@ -129,12 +129,17 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
         headers.pop(X_DELIVERY_COUNT, None)
     hooks = bool(context.middleware.before_receive) and not batch.is_batch(headers)
     # Both, always: what either finds must go before a copy is made (a copy could carry neither).
-    cut, wrong = too_large(message, context.settings.max_body_bytes), malformed(headers, complete=not hooks)
+    cut = too_large(message, context.settings.max_body_bytes)
+    wrong = without_wrong_headers(headers, bounds.malformed(headers, complete=not hooks))
     refused = cut or wrong
     if refused is None and hooks:
         refused = read_in_place(message, lambda received: handling.receive(context, received))
-        # What the hooks made of it (a CloudEvent's id), or else only what was not asked of it before.
-        refused = refused or malformed(message.headers, read_only=message.headers is headers)
+        # What the hooks made of it (a CloudEvent's id); headers they left as they were lack only what an event must
+        # have (the rest was checked above).
+        after = message.headers
+        refused = refused or without_wrong_headers(
+            after, bounds.missing(after) if after is headers else bounds.malformed(after)
+        )
     drop_unverified(message.headers, info.get("exchange") == context.dead_letter_exchange)
     own = vouch(context.identity, (message.properties or {}).get("user_id"), message.headers)
     if refused is not None:
@@ -169,10 +174,8 @@ def _route(context: ServiceContext, message: Incoming, arrived_on: str) -> Route
     return routed
 
 
-def malformed(headers: dict[Any, Any], complete: bool = True, read_only: bool = False) -> ToArchive | None:
-    """The headers that are not what they must be, removed (the archived copy keeps the others), and why;
-    ``read_only``: they were checked but for what an event must have, and only that is left."""
-    wrong = bounds.missing(headers) if read_only else bounds.malformed(headers, complete)
+def without_wrong_headers(headers: dict[Any, Any], wrong: dict[Any, str]) -> ToArchive | None:
+    """The ``wrong`` headers (not what they must be) removed, the archived copy keeping the others, and why."""
     if not wrong:
         return None
     for name in wrong:

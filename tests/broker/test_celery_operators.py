@@ -189,11 +189,11 @@ def serving(url: str) -> Any:
 
 
 def test_flower_shows_the_processes_each_task_s_state_and_the_queues(operated, broker_url, rabbitmq, records, tmp_path):
+    if not FLOWER.exists():
+        skip_outside_ci(f"Flower's virtualenv is not there ({FLOWER}): `bash scripts/setup dev` makes it")
     operated(None, "-c", "2")
     port = free_port()
     management = rabbitmq.management.base_url.replace("://", "://guest:guest@") + "/api/"
-    if not FLOWER.exists():
-        skip_outside_ci(f"Flower's virtualenv is not there ({FLOWER}): `bash scripts/setup dev` makes it")
     # With the app (the service's own remote-control exchange), from a virtualenv of its own beside the worker's.
     flower = subprocess.Popen(
         [str(FLOWER), "-A", "services.orders", "flower", f"--port={port}", "--address=127.0.0.1",
