@@ -136,12 +136,18 @@ class MemoryBroker:
 
     # -- declaring ----------------------------------------------------------------------------------
 
-    def declare(self, topology: Topology) -> None:
-        """Declare a service's exchanges, queues and bindings (what exists already is kept)."""
+    def declare(self, topology: Topology, waits: Sequence[Queue] = ()) -> None:
+        """Declare a service's exchanges, queues and bindings (what exists already is kept), but the queues it
+        declares on demand; with ``waits``, only those."""
+        for queue in waits:
+            self.declare_queue(queue)
+        if waits:
+            return
         for exchange in topology.exchanges:
             self.declare_exchange(exchange)
         for queue in topology.queues:
-            self.declare_queue(queue)
+            if queue.name not in topology.on_demand:
+                self.declare_queue(queue)
         for binding in topology.bindings:
             destination = (binding.to_exchange, binding.destination.name)
             self._bind(binding.source.name, binding.routing_key, destination, binding.arguments)
