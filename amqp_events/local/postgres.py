@@ -73,6 +73,7 @@ class LocalPostgres:
             "-t", str(int(timeout)), "start",
         )  # fmt: skip
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        processes.write_down(self.pid)  # pg_ctl started it in a session of its own
         return self
 
     def create_database(self, name: str, owner: str | None = None) -> str:

@@ -79,11 +79,17 @@ def start_session(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(argv, **options)`` in a session (and process group) of its own, written down where
     ``$AMQP_EVENTS_STARTED`` says, for :func:`sweep`."""
     process = subprocess.Popen(list(argv), start_new_session=True, **options)
+    write_down(process.pid)
+    return process
+
+
+def write_down(pid: int) -> None:
+    """Write down a process that leads a session of its own (one started here, or a server that went into the
+    background by itself) where ``$AMQP_EVENTS_STARTED`` says, for :func:`sweep`."""
     ledger = variable(STARTED)
     if ledger:
         with contextlib.suppress(OSError):
-            (Path(ledger) / str(process.pid)).write_text(str(start_ticks(process.pid)))
-    return process
+            (Path(ledger) / str(pid)).write_text(str(start_ticks(pid)))
 
 
 def sweep(ledger: Path, timeout: float = 10.0) -> list[int]:

@@ -48,7 +48,7 @@ def test_stopping_the_test_command_leaves_no_process_it_started(tmp_path, interr
         wait_for(lambda: ready.exists() or script.poll() is not None, timeout=240, what="the probe's worker")
         assert script.poll() is None, script.communicate()[0]
         started = {int(entry.name): int(entry.read_text()) for entry in ledger.iterdir()}
-        assert len(started) >= 3, started  # the node, its epmd, the worker
+        assert len(started) >= 4, started  # the node, its epmd, the worker, PostgreSQL (in the background)
         os.killpg(script.pid, interrupt)  # as a terminal's Ctrl-C, or a supervisor's stop, reaches the group
         try:
             output, _ = script.communicate(timeout=STOPPED_WITHIN)
