@@ -33,7 +33,7 @@ from kombu import Connection
 from amqp_events import EventsApp, events_app
 from amqp_events.errors import LocalServerError
 from amqp_events.local.postgres import LocalPostgres
-from amqp_events.local.processes import start_session
+from amqp_events.local.processes import STARTED, start_session
 from amqp_events.local.redis import LocalRedis
 from amqp_events.testing import wait_for
 from amqp_events.testing.workers import WorkerProcess
@@ -153,11 +153,15 @@ def management_url(said: str) -> str:
 
 
 def reader_environment() -> dict[str, str]:
-    """This process's environment without what points at the test suite's own checkout, brokers or settings."""
+    """This process's environment without what points at the test suite's own checkout, brokers or settings; but
+    where to write down the servers a page's commands start (``amqp-events broker start``), so that an interrupted
+    run stops them too."""
+    kept = (STARTED,)
     return {
         name: value
         for name, value in os.environ.items()
-        if name not in ("PYTHONPATH", "VIRTUAL_ENV", "BROKER_URL") and not name.startswith(("AMQP_", "PYTEST_"))
+        if name in kept
+        or (name not in ("PYTHONPATH", "VIRTUAL_ENV", "BROKER_URL") and not name.startswith(("AMQP_", "PYTEST_")))
     }
 
 
