@@ -286,11 +286,6 @@ class ServiceContext:
         ordered = [event for event, handler in self.handlers.items() if handler.ordered]
         return service_topology(self.name, self.handlers, self.settings, ordered)
 
-    @cached_property
-    def declared_waits(self) -> set[str]:
-        """The queues of :attr:`topology` declared on demand that this process has declared."""
-        return set()
-
     def handling(self, handler: Handler | None) -> Handling:
         """The rules ``handler`` runs by (the app's for a message no handler takes)."""
         found = self._rules.get(handler)

@@ -67,24 +67,16 @@ def parking_head(attempt: Attempt, outcome: SendToArchive) -> SendToArchive:
 def publish_routed(context: ServiceContext, message: OutgoingMessage) -> None:
     """Publish a message that must reach a queue of ours (a retry copy, an archived copy).
 
-    A wait on the service's own ladder first declares the levels it passes through that this process has not
-    declared yet (they are declared on demand). If nothing received the message, a queue or exchange was
-    deleted under us: declare the topology again and publish once more.
+    If nothing received it, a queue or exchange was deleted under us:
+    declare the topology again and publish once more.
     """
-    transport, topology = context.transport, context.topology
-    waits = topology.waits_in(message.exchange, message.routing_key)
-    unready = [queue for queue in waits if queue.name not in context.declared_waits]
-    if unready:
-        transport.declare(topology, unready)
-        context.declared_waits.update(queue.name for queue in unready)
+    transport = context.transport
     if transport.publish(message):
         return
     logger.warning(
         "no queue received %r on exchange %r: declaring the topology again", message.routing_key, message.exchange
     )
-    transport.declare(topology)
-    if waits:
-        transport.declare(topology, waits)
+    transport.declare(context.topology)
     if not transport.publish(message):
         raise TopologyMissing(
             f"no queue receives {message.routing_key!r} on exchange {message.exchange!r}, "

@@ -97,8 +97,6 @@ def differences(
             found.extend(_exchange_mismatches(exchange, current))
     for queue in topology.queues:
         current = live.queues.get(queue.name)
-        if current is None and queue.name in topology.on_demand:
-            continue  # declared when a message first waits in it
         if current is None:
             found.append(Difference("missing", "queue", queue.name, "run `topology declare` or start a worker"))
         else:
@@ -114,11 +112,7 @@ def differences(
                 f"left from the {left} layout; {holds}: run `topology move`" if left else f"no handler uses it; {holds}"
             )
             found.append(Difference("extra", "queue", name, detail))
-    expected = {
-        binding
-        for binding in expected_bindings(topology)
-        if binding[1] not in topology.on_demand or binding[1] in live.queues
-    }
+    expected = expected_bindings(topology)
     for source, destination, _, key in sorted(expected - live.bindings):
         found.append(Difference("missing", "binding", f"{source} -> {destination} ({key})", "run `topology declare`"))
     for source, destination, kind, key in sorted(live.bindings - expected):

@@ -17,10 +17,8 @@ that one queue (a retry never fans out to other services), ``event.<name>``
 reaches every queue subscribed to the event (a delayed fire).
 
 So any whole number of seconds up to ``MAX_DELAY`` (about 48.5 days) costs
-at most ``LEVELS`` queues, whatever the number of services, events or
-retries, and a message waits exactly its delay: never in worker memory. A
-service's own ladder has a queue at a level once a wait first needed it
-(``Topology.on_demand``): most services wait in a few of the 22.
+exactly ``LEVELS`` queues, whatever the number of services, events or
+retries, and a message waits exactly its delay: never in worker memory.
 """
 
 from __future__ import annotations
@@ -127,11 +125,6 @@ def routing_key(delay: float, destination: str) -> str:
     """The ladder routing key that waits ``delay`` seconds, then reaches ``destination``."""
     bits = format(whole_seconds(delay), f"0{LEVELS}b")
     return ".".join(bits) + "." + destination
-
-
-def levels_of(seconds: int) -> list[int]:
-    """The levels a wait of ``seconds`` spends time in (its bits that are 1), lowest first."""
-    return [level for level in range(LEVELS) if seconds >> level & 1]
 
 
 def decode_routing_key(key: str) -> tuple[int, str]:

@@ -161,19 +161,10 @@ class Topology:
     #: Declare only what is the service's own, and check that the shared parts are there
     #: (``amqp_events_shared_topology = "check"``).
     checks_shared: bool = False
-    #: Queues declared when a message first waits in them (its own ladder's levels; most services use a few of 22).
-    on_demand: frozenset[str] = frozenset()
 
     def is_own(self, name: str) -> bool:
         """Is the exchange or queue ``name`` this service's own (not shared with the vhost's other services)?"""
         return owner_of(name) == self.service
-
-    def waits_in(self, exchange: str, routing_key: str) -> list[Queue]:
-        """The queues declared on demand that a message to ``exchange`` with ``routing_key`` waits in."""
-        if not self.on_demand or exchange != delays.own_entry(self.service):
-            return []
-        seconds, _ = delays.decode_routing_key(routing_key)
-        return [self.queue(delays.own_level_name(self.service, level)) for level in delays.levels_of(seconds)]
 
     def queue(self, name: str) -> Queue:
         for queue in self.queues:

@@ -59,12 +59,12 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
     dead_letter, expired = dead_letter_routes(service, event_queues, archive)
     bindings.extend(expired)
     own: list[Exchange] = []
-    on_demand: frozenset[str] = frozenset()
+    # Every level declared with the rest at start, never when a wait first needs it: RabbitMQ 3.10 can lose a quorum
+    # queue declared about 2 s before a crash, with the waits just confirmed into it (tests/broker/test_durability.py).
     if event_queues and settings.delay_ladder == "per_service":  # declared after the queues its exit reaches
         own, own_queues, own_bindings = own_delay_ladder(service, event_queues, archive, settings)
         queues.extend(own_queues)
         bindings.extend(own_bindings)
-        on_demand = frozenset(queue.name for queue in own_queues)
     return Topology(
         service=check_service_name(service),
         exchanges=(events_exchange(settings), *exchanges, heartbeats_exchange(settings), direct, dead_letter, *own),
@@ -73,5 +73,4 @@ def service_topology(service: str, events: Iterable[str], settings: Settings, or
         event_queues=tuple(event_queues),
         archive=archive,
         checks_shared=settings.checks_shared_topology,
-        on_demand=on_demand,
     )

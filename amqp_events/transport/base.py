@@ -92,8 +92,8 @@ class Transport(Protocol):
     def batch_async(self, window: int) -> AsyncBatchPublisher:
         """:meth:`batch` for coroutines."""
 
-    def declare(self, topology: Topology, waits: Sequence[Queue] = ()) -> None:
-        """Declare a service's topology but the queues it declares on demand; with ``waits``, only those."""
+    def declare(self, topology: Topology) -> None:
+        """Declare a service's topology."""
 
     def browse(self, queue: str) -> AbstractContextManager[Browsed]:
         """Every message of ``queue``, in order; those not removed stay, in their order."""

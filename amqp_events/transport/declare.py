@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
@@ -96,9 +96,8 @@ def _readable(value: str) -> str:
     return repr(found["value"]) if found else value
 
 
-def declare_topology(connection: Connection, topology: Topology, waits: Sequence[Queue] = ()) -> list[str]:
-    """Declare every exchange, queue and binding of ``topology`` (idempotent), but the queues it declares on
-    demand (:attr:`Topology.on_demand`); with ``waits``, declare only those (a message is about to wait in them).
+def declare_topology(connection: Connection, topology: Topology) -> list[str]:
+    """Declare every exchange, queue and binding of ``topology`` (idempotent).
 
     Raises :class:`TopologyMismatch` when something exists with other
     arguments; except that a queue created (by an earlier version, or by
@@ -112,13 +111,12 @@ def declare_topology(connection: Connection, topology: Topology, waits: Sequence
     def only_checked(name: str) -> bool:
         return topology.checks_shared and not topology.is_own(name)
 
-    queues = list(waits) or [queue for queue in topology.queues if queue.name not in topology.on_demand]
     try:
-        for exchange in () if waits else topology.exchanges:
+        for exchange in topology.exchanges:
             exchange.declare(channel=channel)  # passive, when only checked (layout.shared_exchange)
-        for queue in queues:
+        for queue in topology.queues:
             channel = _declare_queue(connection, channel, queue, kept, passive=only_checked(queue.name))
-        for link in () if waits else topology.bindings:
+        for link in topology.bindings:
             destination: Any = link.destination  # a Queue or an Exchange: both bind the same way
             if not only_checked(destination.name):
                 destination.bind_to(

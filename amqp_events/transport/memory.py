@@ -136,18 +136,12 @@ class MemoryBroker:
 
     # -- declaring ----------------------------------------------------------------------------------
 
-    def declare(self, topology: Topology, waits: Sequence[Queue] = ()) -> None:
-        """Declare a service's exchanges, queues and bindings (what exists already is kept), but the queues it
-        declares on demand; with ``waits``, only those."""
-        for queue in waits:
-            self.declare_queue(queue)
-        if waits:
-            return
+    def declare(self, topology: Topology) -> None:
+        """Declare a service's exchanges, queues and bindings (what exists already is kept)."""
         for exchange in topology.exchanges:
             self.declare_exchange(exchange)
         for queue in topology.queues:
-            if queue.name not in topology.on_demand:
-                self.declare_queue(queue)
+            self.declare_queue(queue)
         for binding in topology.bindings:
             destination = (binding.to_exchange, binding.destination.name)
             self._bind(binding.source.name, binding.routing_key, destination, binding.arguments)

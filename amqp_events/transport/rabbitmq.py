@@ -75,9 +75,9 @@ class RabbitMQ:
         if "aio" in self.__dict__:
             await self.aio.close()
 
-    def declare(self, topology: Topology, waits: Sequence[Queue] = ()) -> None:
+    def declare(self, topology: Topology) -> None:
         with self.app.connection_for_write() as connection:
-            declare_topology(connection, topology, waits)
+            declare_topology(connection, topology)
 
     def retire(self, topology: Topology, discard: bool = False) -> Retired:
         """Delete the service's own queues and exchanges (:mod:`amqp_events.transport.retire`)."""

@@ -5,11 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from amqp_events.settings import Settings
-from amqp_events.topology import delays, service_topology
+from amqp_events.topology import delays
 
 
 def passes(delay: int) -> list[int]:
@@ -65,23 +62,3 @@ def test_seconds_until_an_eta():
 def test_decoding_rejects_other_keys(key):
     with pytest.raises(ValueError):
         delays.decode_routing_key(key)
-
-
-@given(st.integers(0, delays.MAX_DELAY))
-def test_the_levels_a_wait_needs_are_those_the_exchanges_route_it_into(seconds):
-    assert delays.levels_of(seconds) == sorted(passes(seconds))
-
-
-@given(st.integers(0, delays.MAX_DELAY), st.sampled_from(["per_handler", "per_service"]))
-def test_a_wait_on_a_service_s_own_ladder_declares_the_queues_of_its_levels_alone(seconds, layout):
-    topology = service_topology("orders", ["a.b", "c.d"], Settings(queue_layout=layout))
-    [queue] = topology.event_queues[:1]
-    key = delays.routing_key(seconds, delays.queue_destination(queue.name))
-    waits = topology.waits_in(delays.own_entry("orders"), key)
-    assert [wait.name for wait in waits] == [
-        delays.own_level_name("orders", level) for level in delays.levels_of(seconds)
-    ]
-    assert all(wait.name in topology.on_demand and wait in topology.queues for wait in waits)
-    # The shared ladder is declared with the service (what fires with a delay waits there), and so is all else.
-    assert topology.waits_in(delays.ENTRY_EXCHANGE, key) == []
-    assert topology.waits_in(queue.name, key) == []

@@ -78,7 +78,6 @@ def test_a_service_s_own_waits_have_a_ladder_of_their_own_that_reaches_its_queue
     levels = [queue for queue in own.queues if queue.name.startswith("orders.delay.")]
     assert [queue.name for queue in levels] == [delays.own_level_name("orders", level) for level in range(22)]
     assert all(own.is_own(queue.name) for queue in levels)  # its user alone may write to them
-    assert own.on_demand == {queue.name for queue in levels}  # each declared when a wait first needs it
     assert {queue.queue_arguments["x-message-ttl"] for queue in levels} == {2**level * 1000 for level in range(22)}
     exits = {(link.source.name, link.destination.name) for link in own.bindings if link.source.name == "orders.delayed"}
     assert exits == {("orders.delayed", "orders:a.b"), ("orders.delayed", "orders:c.d")}

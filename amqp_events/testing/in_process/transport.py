@@ -56,8 +56,8 @@ class InProcessTransport:
     def batch_async(self, window: int) -> AwaitedBatch:
         return AwaitedBatch(self.batch(window))
 
-    def declare(self, topology: Topology, waits: Sequence[Queue] = ()) -> None:
-        self.broker.declare(topology, waits)
+    def declare(self, topology: Topology) -> None:
+        self.broker.declare(topology)
 
     def browse(self, queue: str) -> Any:
         return self.broker.browse(queue)
