@@ -13,6 +13,7 @@ from amqp_events.cli.breakers import breakers
 from amqp_events.cli.broker import broker
 from amqp_events.cli.console import console
 from amqp_events.cli.context import Context
+from amqp_events.cli.contracts import contracts
 from amqp_events.cli.exporter import exporter
 from amqp_events.cli.fire import fire
 from amqp_events.cli.history import history
@@ -43,7 +44,8 @@ def main(ctx: click.Context, app_name: str | None, broker: str | None, managemen
     ctx.obj = Context(app_name, broker, management_url)
 
 
-for command in (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, limits, asyncapi, console):
+commands = (topology, archive, history, fire, outbox, inbox, exporter, broker, breakers, limits, asyncapi, contracts)
+for command in (*commands, console):
     main.add_command(command)
 
 
