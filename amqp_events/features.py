@@ -19,6 +19,7 @@ from amqp_events.middleware.inbox import INBOX_OPTIONS, InboxMiddleware, InboxOp
 from amqp_events.middleware.logs import EventLog
 from amqp_events.middleware.metrics import metrics_for
 from amqp_events.middleware.tracing import Tracing
+from amqp_events.middleware.upcasting import UPCAST_OPTIONS, Upcasting, UpcastOptions
 from amqp_events.ordering.options import ORDERING_OPTIONS, OrderingOptions
 from amqp_events.settings import Settings
 
@@ -42,7 +43,14 @@ class CeleryTaskOptions(TypedDict, total=False):
 
 
 class HandlerOptionsGiven(
-    RetryOptions, InboxOptions, BreakerOptions, OrderingOptions, LimitOptions, CeleryTaskOptions, total=False
+    RetryOptions,
+    UpcastOptions,
+    InboxOptions,
+    BreakerOptions,
+    OrderingOptions,
+    LimitOptions,
+    CeleryTaskOptions,
+    total=False,
 ):
     """Every keyword option of ``@app.handler`` (its ``event``, ``bind`` and ``name`` aside), for type checkers."""
 
@@ -50,7 +58,7 @@ class HandlerOptionsGiven(
 #: The features' handler options, in the order they apply: the inbox's handle comes before the payload that
 #: ordering and flow control read keys from, and flow control refuses an ordered handler. Celery's own
 #: ``rate_limit=`` (per worker process, what waits held in its memory) is flow control's here, over the fleet.
-OPTIONS: tuple[HandlerOptions, ...] = (INBOX_OPTIONS, BREAKER_OPTIONS, ORDERING_OPTIONS, LIMIT_OPTIONS)
+OPTIONS: tuple[HandlerOptions, ...] = (UPCAST_OPTIONS, INBOX_OPTIONS, BREAKER_OPTIONS, ORDERING_OPTIONS, LIMIT_OPTIONS)
 #: The option names the library takes itself (any other is a Celery task option).
 LIBRARY_OPTIONS = ("bind", "name", *RETRY_OPTIONS, *(name for feature in OPTIONS for name in feature.defaults))
 
@@ -70,6 +78,7 @@ MIDDLEWARE: tuple[Callable[[Settings, Sequence[Handler], str], Middleware | None
     Tracing.for_service,
     metrics_for,
     CloudEventsReader.for_service,
+    Upcasting.for_service,  # before anything reads the arguments
     InboxMiddleware.for_service,
     FlowControl.for_service,
     EventLog.for_service,

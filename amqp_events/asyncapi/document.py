@@ -76,6 +76,8 @@ def document(
                 "channel": {"$ref": f"#/channels/{name}"},
                 "summary": f"{service} fires {name} ({wire_format} wire format), with a publisher confirm.",
                 "messages": [{"$ref": f"#/channels/{name}/messages/{message}"}],
+                # The version of its arguments (the event_version header; 1 is not sent).
+                "x-event-version": context.event_versions.get(name, 1),
                 "bindings": {"amqp": {"deliveryMode": 2, "mandatory": True, "bindingVersion": AMQP_BINDINGS}},
             }
         if name in handled:
@@ -91,6 +93,8 @@ def document(
                 "action": "receive",
                 "channel": {"$ref": f"#/channels/{queue}"},
                 "summary": f"{service} handles {name} with {handled[name].name} (either wire format).",
+                # The versions of the arguments its upcasters turn into the one it takes, the next after them.
+                "x-upcasts-from": sorted(handler.options.get("upcasters") or ()),
                 "messages": [{"$ref": f"#/channels/{queue}/messages/{message}"} for message in _references(name)],
                 "bindings": {"amqp": {"ack": True, "bindingVersion": AMQP_BINDINGS}},
             }

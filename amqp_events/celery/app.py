@@ -67,6 +67,7 @@ class EventsApp(Producing, EventsCelery):
         self.health_checks: dict[str, HealthCheck] = {}
         #: The events this service fires, made with :meth:`event`, by name (what ``asyncapi`` documents).
         self.declared_events: dict[str, Any] = {}
+        self.event_versions: dict[str, int] = {}
         self._settings: Settings | None = None
         self._middleware: list[Middleware] = []
         #: What the in-process mode puts in place of the broker, the clock and more middleware (:meth:`using`).
@@ -120,6 +121,7 @@ class EventsApp(Producing, EventsCelery):
                 clock=clock,
                 middleware=Middlewares((*middleware, *self._middleware, SettledSignal(), *more)),
                 control_flow=CONTROL_FLOW,
+                event_versions=self.event_versions,  # the app's own: an event declared later is fired at its version
             )
         return self._context
 
@@ -174,7 +176,9 @@ class EventsApp(Producing, EventsCelery):
 
     # -- producing (the rest: :class:`~amqp_events.celery.producing.Producing`) -----------------------------
 
-    def event(self, name: str, *, wire_format: str | None = None, key: EventKey | None = None) -> EventDecorator:
+    def event(
+        self, name: str, *, wire_format: str | None = None, key: EventKey | None = None, version: int = 1
+    ) -> EventDecorator:
         """Decorate a validating function, or a dataclass/pydantic model, as the event ``name``.
 
         ``wire_format`` ("celery" or "cloudevents") overrides the app's
@@ -184,8 +188,11 @@ class EventsApp(Producing, EventsCelery):
         instance, for a class) that returns it. Every fire then carries the
         key's value in the ``event_key`` header (``partitionkey`` as a
         CloudEvent): a string, or an integer sent as its decimal string.
+        ``version`` is the version of the event's arguments, carried by every
+        fire (the ``event_version`` header); a consumer's ``upcasters`` turn
+        an earlier version into the one its handler takes.
         """
-        return EventDecorator(self, name, wire_format, key)
+        return EventDecorator(self, name, wire_format, key, version)
 
     # -- the transactional outbox -------------------------------------------------------------------------
 
@@ -262,7 +269,9 @@ class EventsApp(Producing, EventsCelery):
         per window: ``"50/m"``, ``"10/s,100000/d"``) are counted over every worker of
         the service, on the broker, per key with ``concurrency_key`` and
         ``rate_limit_key``; what waits over a limit waits on the broker
-        (docs/guides/flow-control.md). ``name`` registers another handler of an event that has one
+        (docs/guides/flow-control.md). ``upcasters`` (``{1: v1_to_v2}``) turn the arguments of an event
+        fired at an earlier version into those of the version the handler takes (the one after the last named),
+        before it runs, live or replayed. ``name`` registers another handler of an event that has one
         in this service (``@app.handler("user.created", name="welcome_email")``):
         it gets its own queue, retries, archive entries, breaker and metrics.
         Other keyword arguments are Celery task options. Each option belongs to the feature that reads it

@@ -31,6 +31,8 @@ class Registry(Fires, Protocol):
 
     handlers: dict[str, Handler]
     declared_events: dict[str, Any]
+    #: The version each declared event is fired at.
+    event_versions: dict[str, int]
 
     def add_handler(self, handler: Handler) -> None: ...
 
@@ -45,8 +47,13 @@ class Registry(Fires, Protocol):
 class EventDecorator:
     """What ``@app.event(name)`` returns: makes an :class:`~amqp_events.core.events.Event` or an event class."""
 
-    def __init__(self, app: Registry, name: str, wire_format: str | None = None, key: EventKey | None = None) -> None:
+    def __init__(
+        self, app: Registry, name: str, wire_format: str | None = None, key: EventKey | None = None, version: int = 1
+    ) -> None:
         self.app, self.name, self.key = app, check_event_name(name), key
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"event {name!r}: version must be a whole number from 1, not {version!r}")
+        self.version = version
         self.wire_format = None if wire_format is None else cloud_events.check_wire_format(wire_format)
         if not (key is None or callable(key) or (isinstance(key, str) and key.isidentifier())):
             raise ValueError(f"event {name!r}: key must be an argument's name or a callable, not {key!r}")
@@ -61,6 +68,7 @@ class EventDecorator:
         make = event_class if isinstance(target, type) else Event
         fireable = make(self.app, self.name, target, self.wire_format, self.key)
         self.app.declared_events[self.name] = fireable
+        self.app.event_versions[self.name] = self.version
         return fireable
 
 

@@ -28,6 +28,10 @@ class Contract:
     handles: Mapping[str, Schema]
     #: The document's ``components.schemas``, for references.
     definitions: Mapping[str, Schema] = field(default_factory=dict)
+    #: Event name -> the version of the arguments it fires (1 when the document says none).
+    versions: Mapping[str, int] = field(default_factory=dict)
+    #: Handler -> the versions its upcasters take (an event fired at one of them is upcast before it runs).
+    upcasts: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     def resolve(self, reference: str) -> Schema:
         return self.definitions.get(reference.rsplit("/", 1)[-1], {})
@@ -39,14 +43,16 @@ class Contract:
 def read(document: Mapping[str, Any]) -> Contract:
     """The contract in a service's AsyncAPI document (``amqp-events -A APP asyncapi``)."""
     schemas = document.get("components", {}).get("schemas", {})
-    fires, handles = {}, {}
+    fires, handles, versions, upcasts = {}, {}, {}, {}
     for key, operation in document.get("operations", {}).items():
         kind, _, name = key.partition(".")
         if kind == "fire" and operation.get("action") == "send":
             fires[name] = schemas.get(name, {})
+            versions[name] = int(operation.get("x-event-version", 1))
         elif kind == "handle" and operation.get("action") == "receive":
             handles[name] = schemas.get(name, {})
-    return Contract(document["info"]["title"], fires, handles, schemas)
+            upcasts[name] = frozenset(int(version) for version in operation.get("x-upcasts-from", ()))
+    return Contract(document["info"]["title"], fires, handles, schemas, versions, upcasts)
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ class EventChange:
         changed = _changed(consumer, self.before.get(consumer.service), "handles", task)
         found = []
         for service, producer in sorted(self.fired_now.items()):
-            why = accepts(schema, producer.fires[event], producer.resolve, consumer.resolve)
+            why = self._refused(consumer, task, schema, producer)
             if why:
                 change = _what_changed(service in self.changed, changed, service in self.fired_then)
                 found.append(Finding(True, event, service, name, change, tuple(why)))
@@ -119,7 +125,7 @@ class EventChange:
         for service, producer in sorted(self.fired_then.items()):  # what it fired waits in queues and archives
             if service in self.fired_now and service not in self.changed:
                 continue  # the same arguments, judged above
-            why = accepts(schema, producer.fires[event], producer.resolve, consumer.resolve)
+            why = self._refused(consumer, task, schema, producer)
             if why:
                 found.append(Finding(True, event, service, name, "events fired before, at rest, would be refused",
                                      tuple(why)))  # fmt: skip
@@ -130,6 +136,13 @@ class EventChange:
             change = "new handler" if old is None else "its handler takes other arguments"
             found.append(Finding(False, event, "", name, change, tuple(differences(old, schema)) if old else ()))
         return found
+
+    def _refused(self, consumer: Contract, task: str, schema: Schema, producer: Contract) -> list[str]:
+        """Why the handler refuses what ``producer`` fires (nothing, when one of its upcasters takes that version:
+        what it makes of it is the upcaster's to say)."""
+        if producer.versions.get(self.event, 1) in consumer.upcasts.get(task, ()):
+            return []
+        return accepts(schema, producer.fires[self.event], producer.resolve, consumer.resolve)
 
     def _producers(self) -> list[Finding]:
         """The producers whose change breaks nobody, and those that stopped firing it."""

@@ -243,6 +243,8 @@ class ServiceContext:
     #: Exceptions the host's runtime steers a handler with (Celery's ``Retry``, ``Ignore``, ``Reject``): they
     #: pass through the handling pipeline untouched.
     control_flow: tuple[type[BaseException], ...] = ()
+    #: The version each event it declares is fired at (``@app.event(..., version=N)``; not named: 1).
+    event_versions: Mapping[str, int] = field(default_factory=dict)
     #: The rules each handler (and ``None``: a message no handler takes) runs by, worked out when it is made.
     _rules: Mapping[Handler | None, Handling] = field(init=False, repr=False, default_factory=dict)
 

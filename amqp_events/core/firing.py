@@ -24,7 +24,7 @@ from amqp_events.topology import check_event_name, delays
 from amqp_events.topology.names import slot_of
 from amqp_events.topology.ownership import owner_of_event, owns
 from amqp_events.wire import cloud_events
-from amqp_events.wire.message import EVENT_SLOT, OutgoingMessage, event_envelope, event_key, new_event_id
+from amqp_events.wire.message import EVENT_SLOT, EVENT_VERSION, OutgoingMessage, event_envelope, event_key, new_event_id
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing's own from Python 3.11
@@ -200,6 +200,7 @@ def fired_message(
         )
     key = None if key is None else event_key(key)
     now = context.now()
+    version = context.event_versions.get(event, 1)
     if (wire_format or context.settings.wire_format) == "cloudevents":
         if args:
             raise ValueError(
@@ -207,11 +208,13 @@ def fired_message(
                 "of keyword arguments"
             )
         message_id = new_event_id(event_id)
-        headers: dict[str, Any] = cloud_events.binary_headers(event, message_id, context.name, now, key)
+        headers: dict[str, Any] = cloud_events.binary_headers(event, message_id, context.name, now, key, version)
         body: Any = dict(kwargs)
     else:
         headers, body = event_envelope(event, args, kwargs, context.name, now, event_id, key)
         message_id = headers["id"]
+        if version > 1:  # without it, version 1: what the releases before versions fired
+            headers[EVENT_VERSION] = version
     if key is not None:  # where the ordered exchanges send it (without one, a worker works it out)
         headers[EVENT_SLOT] = slot_of(key)
     if eta is not None and countdown is None:

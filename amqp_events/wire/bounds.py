@@ -112,6 +112,7 @@ EXPECTED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "event_key": (lambda v: v is None or v == "" or _short_string(v), "a string of up to 255 bytes"),
     "x-death": (_deaths, "RabbitMQ's dead-lettering history (a list of tables)"),
     "x-delivery-count": (_count, "a count"),
+    "event_version": (lambda v: v is None or (_count(v) and v >= 1), "a version (a whole number from 1)"),
 }
 
 

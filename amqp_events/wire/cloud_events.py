@@ -23,6 +23,7 @@ CloudEvents      the library             note
 ``time``         ``fired_at``            optional
 ``data``         keyword arguments       a JSON object (absent: no arguments)
 ``partitionkey`` ``event_key``           the event's key (the Partitioning extension)
+``eventversion`` ``event_version``       the version of its arguments (absent: 1)
 everything       ``cloudevent`` header   kept for the archive: ``archive show``
 ================ ======================= ===========================================
 
@@ -34,10 +35,8 @@ other than 1.0, an attribute of the wrong form), ``forbidden_content_type``
 (data that is not JSON), ``undecodable`` (JSON data that does not parse) or
 ``bad_arguments`` (JSON data that is not an object).
 
-Firing as CloudEvents (``amqp_events_wire_format="cloudevents"``, or per event)
-publishes binary mode: ``ce-`` headers and the keyword arguments as a JSON
-object, which any CloudEvents SDK reads, and which this library's workers
-read as above. Everything here is pure: no I/O.
+Firing as CloudEvents (``amqp_events_wire_format="cloudevents"``, or per event) publishes binary mode: ``ce-``
+headers and the keyword arguments as a JSON object, read by any CloudEvents SDK and as above. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -52,7 +51,17 @@ from types import SimpleNamespace
 from typing import Any
 
 from amqp_events.errors import Refused
-from amqp_events.wire.message import EMPTY_EMBED, EVENT_KEY, FIRED_AT, FIRED_BY, JSON, Reason, isoformat, json_body
+from amqp_events.wire.message import (
+    EMPTY_EMBED,
+    EVENT_KEY,
+    EVENT_VERSION,
+    FIRED_AT,
+    FIRED_BY,
+    JSON,
+    Reason,
+    isoformat,
+    json_body,
+)
 
 #: The header a CloudEvent's attributes are kept in once read into the library's message.
 CLOUDEVENT = "cloudevent"
@@ -63,6 +72,7 @@ PREFIXES = ("ce-", "cloudEvents_", "cloudEvents:")
 REQUIRED = ("specversion", "id", "source", "type")
 #: The Partitioning extension's attribute: the event's key.
 PARTITION_KEY = "partitionkey"
+VERSION_ATTRIBUTE = "eventversion"  # the version of the arguments (event_version; absent: 1)
 #: The wire formats an app or an event fires in.
 WIRE_FORMATS = ("celery", "cloudevents")
 #: JSON media types, as the CloudEvents JSON format recognises them (``application/json``, ``text/json``,
@@ -71,7 +81,9 @@ _JSON_MEDIA_TYPE = re.compile(r"^(application|text)/([a-zA-Z0-9\-\.]+\+)?json(;.
 _MAX_ID = 64
 #: The attributes binary mode usually carries, read here as the SDK would read them but without building its event
 #: (nobody reads that event: the attributes become headers, the data the body as it came).
-_PLAIN_ATTRIBUTES = frozenset(("specversion", "id", "source", "type", "time", "subject", PARTITION_KEY, "traceparent"))
+_PLAIN_ATTRIBUTES = frozenset(
+    ("specversion", "id", "source", "type", "time", "subject", PARTITION_KEY, VERSION_ATTRIBUTE, "traceparent")
+)
 #: RFC 3339's date-time, in the forms ``datetime.fromisoformat`` of every supported Python reads as the SDK does.
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3}|\.\d{6})?(Z|[+-]\d\d:\d\d)\Z")
 _EMBED_JSON = json_body(EMPTY_EMBED)
@@ -100,6 +112,8 @@ class ReadEvent:
             headers[FIRED_AT] = self.attributes["time"]
         if self.attributes.get(PARTITION_KEY):
             headers[EVENT_KEY] = self.attributes[PARTITION_KEY]
+        if (version := self.attributes.get(VERSION_ATTRIBUTE)) is not None:  # not a whole number: the checks refuse it
+            headers[EVENT_VERSION] = int(version) if str(version).isdigit() else version
         return headers
 
     @property
@@ -201,9 +215,11 @@ def attributes_of(headers: Mapping[str, Any], body: bytes, content_type: str | N
     return _attribute_strings(_binary_attributes(_split(headers)[0]))
 
 
-def binary_headers(name: str, event_id: str, source: str, time: datetime, key: str | None = None) -> dict[str, str]:
+def binary_headers(
+    name: str, event_id: str, source: str, time: datetime, key: str | None = None, version: int = 1
+) -> dict[str, str]:
     """The ``ce-`` headers of an event fired in binary mode, written by the SDK (its data is the JSON body);
-    its ``key`` as the Partitioning extension's ``partitionkey``."""
+    its ``key`` as the Partitioning extension's ``partitionkey``, a ``version`` after 1 as ``eventversion``."""
     try:
         sdk = _sdk()
     except ImportError:
@@ -217,6 +233,8 @@ def binary_headers(name: str, event_id: str, source: str, time: datetime, key: s
     }
     if key is not None:
         attributes[PARTITION_KEY] = key
+    if version > 1:
+        attributes[VERSION_ATTRIBUTE] = version
     headers: dict[str, str] = sdk.rabbitmq.to_binary(sdk.CloudEvent(attributes), sdk.json_format).headers
     return headers
 

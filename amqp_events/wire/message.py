@@ -53,6 +53,8 @@ FOR_HANDLER = "for_handler"
 FIRED_AS = "fired_as"
 EVENT_KEY = EVENT_KEY_HEADER
 EVENT_SLOT = EVENT_SLOT_HEADER
+#: The version of the event's arguments it was fired with (``@app.event(..., version=N)``); without it, 1.
+EVENT_VERSION = "event_version"
 #: A key is a short string, an AMQP header value.
 _MAX_KEY = 255
 #: Celery's protocol-2 headers a copy keeps (the others are per delivery or unused here).

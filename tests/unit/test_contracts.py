@@ -22,19 +22,19 @@ URL = "amqp://guest:guest@localhost:5672/"
 EVENT = "billing.invoice.paid"
 
 
-def fires(fired: Callable[..., Any] | None) -> dict[str, Any]:
+def fires(fired: Callable[..., Any] | None, version: int = 1) -> dict[str, Any]:
     """The document of ``billing``, firing the event with ``fired``'s signature (``None``: not at all)."""
     app = events_app("billing", broker_url=URL)
     if fired is not None:
-        app.event(EVENT)(fired)
+        app.event(EVENT, version=version)(fired)
     return document(app.context, app.declared_events, URL)
 
 
-def handles(handler: Callable[..., Any] | None) -> dict[str, Any]:
+def handles(handler: Callable[..., Any] | None, **options: Any) -> dict[str, Any]:
     """The document of ``shipping``, handling the event with ``handler`` (``None``: not at all)."""
     app = events_app("shipping", broker_url=URL)
     if handler is not None:
-        app.handler(EVENT)(handler)
+        app.handler(EVENT, **options)(handler)
     return document(app.context, app.declared_events, URL)
 
 
@@ -138,6 +138,18 @@ def test_a_rename_on_both_sides_at_once_still_breaks_the_events_at_rest():
         (True, "events fired before, at rest, would be refused")
     ]
     assert "total: required, and not sent" in findings[0].why
+
+
+def test_a_handler_that_upcasts_version_1_takes_its_events_live_and_at_rest_then_version_2():
+    def v1_to_v2(arguments: dict[str, Any]) -> dict[str, Any]:
+        return {"invoice_id": arguments["invoice_id"], "total": arguments["amount"]}
+
+    consumer_first = [read(fires(paid)), read(handles(on_paid_total, upcasters={1: v1_to_v2}))]
+    assert judged(BASELINE, consumer_first) == [(False, "its handler takes other arguments")]
+    producer_next = [read(fires(paid_renamed, version=2)), consumer_first[1]]
+    assert judged(consumer_first, producer_next) == [(False, "fired with other arguments")]
+    without_upcaster = [read(fires(paid)), read(handles(on_paid_total))]
+    assert breaking(check(BASELINE, without_upcaster))
 
 
 def test_a_new_argument_ships_in_either_order_without_a_break():

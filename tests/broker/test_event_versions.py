@@ -1,0 +1,58 @@
+"""Event versions on a real broker and in the in-process mode alike: events fired at version 1 (``amount``) reach a
+handler of version 2 (``total``, ``currency``) through its upcaster, live, from the archive and from the history."""
+
+from __future__ import annotations
+
+import pytest
+from contract_modes import archived_in
+
+from amqp_events import Reason
+from amqp_events.history import Query
+
+EVENT = "billing.invoice.paid"
+MODES = pytest.mark.parametrize("mode", ["in_process", "broker"], indirect=True)
+
+
+def upcast(invoice_id: int) -> dict:
+    return {"invoice_id": invoice_id, "total": f"{invoice_id}.00", "currency": "EUR"}
+
+
+@MODES
+def test_version_1_events_reach_the_version_2_handler_upcast(mode, records):
+    mode.start("invoices")
+    for n in (1, 2):
+        mode.producer.fire(EVENT, [], {"invoice_id": n, "amount": f"{n}.00"})  # no event_version: version 1
+    mode.until(lambda: len(records.all(service="invoices")) == 2)
+    ran = sorted(records.all(service="invoices"), key=lambda run: run["invoice_id"])
+    assert [{key: run[key] for key in ("invoice_id", "total", "currency")} for run in ran] == [upcast(1), upcast(2)]
+    assert mode.archive("invoices").list() == []
+
+
+@MODES
+def test_an_archived_version_1_event_is_upcast_when_replayed_after_the_fix(mode, records):
+    mode.start("invoices", env={"BROKEN_UPCASTER": "1"})
+    event_id = mode.producer.fire(EVENT, [], {"invoice_id": 7, "amount": "7.00"})
+    [entry] = archived_in(mode, "invoices", 1)
+    assert entry.id == event_id and entry.reason == Reason.BAD_ARGUMENTS
+    assert "upcasting from version 1 to 2 failed: LookupError" in entry.exception_message
+    assert entry.arguments == ([], {"invoice_id": 7, "amount": "7.00"})  # kept as it was fired
+    mode.deploy_fix("invoices")
+    assert mode.archive("invoices").replay().replayed == [event_id]
+    mode.until(lambda: records.all(service="invoices", id=event_id))
+    [run] = records.all(service="invoices", id=event_id)
+    assert {key: run[key] for key in ("invoice_id", "total", "currency")} == upcast(7)
+
+
+@MODES
+def test_version_1_events_replayed_from_the_history_are_upcast(mode, records):
+    mode.start("invoices", env={"HISTORY": "1"})
+    invoices = mode.module("invoices").app
+    since = invoices.context.clock.now()
+    ids = [mode.producer.fire(EVENT, [], {"invoice_id": n, "amount": f"{n}.00"}) for n in (3, 4)]
+    mode.until(lambda: len(records.all(service="invoices")) == 2)
+    report = invoices.history().replay(Query(since=since, events=EVENT), handler="on_paid").run()
+    assert report.replayed == 2
+    mode.until(lambda: len(records.all(service="invoices")) == 4)
+    for event_id, n in zip(ids, (3, 4), strict=True):
+        runs = records.all(service="invoices", id=event_id)
+        assert [{key: run[key] for key in ("invoice_id", "total", "currency")} for run in runs] == [upcast(n)] * 2
