@@ -59,7 +59,7 @@ def test_every_python_block_runs_in_the_suite_or_is_a_fragment_on_purpose():
                 neither.append(f"{path}: {first}")
     assert neither == []
     assert [name for name in named if f'"{name}"' not in tests] == []  # each named block is written by a test
-    assert (len(named), len(fragments)) == (33, 10)
+    assert (len(named), len(fragments)) == (37, 12)
 
 
 def test_a_file_named_on_two_pages_is_the_same_file():

@@ -8,6 +8,7 @@ import re
 import shutil
 import sqlite3
 import threading
+from typing import Any
 
 import pytest
 from docs_pages import EXAMPLE_BROKER, ROOT
@@ -265,3 +266,37 @@ def test_two_services_under_users_of_their_own(guide, servers):
     wait_for(lambda: "courier booked for invoice 42" in shipping.log(), 30, what="shipping's handler, as shipping")
     listed = security.run(security.line(as_user.format("orders").replace(" celery", " amqp-events")))
     assert "0 archived message(s)" in listed.stdout, listed.stdout  # its own archive, read as orders
+
+
+def test_changing_an_event_is_caught_by_the_check_then_shipped_consumer_first(guide):
+    changing = guide("guides/changing-an-event.md")
+    changing.write(
+        "invoicing/billing.py", "invoicing/shipping.py", "invoicing_next/billing.py", "invoicing_next/shipping.py"
+    )
+    commands = [
+        line.strip() for line in changing.text.splitlines() if line.startswith(("    mkdir ", "    amqp-events "))
+    ]
+    checks = []
+    shipping = None
+    for command in commands:
+        checking = command.startswith("amqp-events contracts check")
+        done = changing.run(command, check=not checking)
+        checks += [done] if checking else []
+        if len(checks) == 2 and shipping is None:
+            shipping = the_consumer_first(changing)
+    assert [done.returncode for done in checks] == [1, 0, 0], [done.stdout for done in checks]
+    said = changing.text.split("It exits 1, and says why", 1)[1].split("\n\n")[1]
+    assert all(row.strip() in checks[0].stdout for row in said.splitlines()), checks[0].stdout
+    assert shipping is not None
+    changing.python("from invoicing_next.billing import invoice_paid", "invoice_paid(8, '30.00', 'CHF')")
+    wait_for(lambda: "invoice 8: paid 30.00 CHF" in shipping.log(), 30, what="the version-2 event")
+
+
+def the_consumer_first(changing: Any) -> Any:
+    """The consumer's release deployed, then fired at as today's producer fires."""
+    shipping = changing.worker(
+        "celery -A invoicing_next.shipping worker --loglevel=INFO", "shipping:billing.invoice.paid"
+    )
+    changing.python("from invoicing.billing import invoice_paid", "invoice_paid(7, '25.00')")
+    wait_for(lambda: "invoice 7: paid 25.00 EUR" in shipping.log(), 30, what="the version-1 event, upcast")
+    return shipping
