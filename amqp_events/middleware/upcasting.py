@@ -15,7 +15,7 @@ be replayed once the function is fixed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypedDict
 
@@ -23,13 +23,9 @@ from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
 from amqp_events.core.options import HandlerOptions
 from amqp_events.core.outcome import CannotRun, Outcome, decide
-from amqp_events.core.publishing import describe
-from amqp_events.errors import BadArguments
+from amqp_events.core.versions import Upcasters, UpcastFailed, upcast
 from amqp_events.settings import Settings
 from amqp_events.wire.message import EVENT_VERSION, Reason
-
-#: From each version, the function that turns its keyword arguments into the next version's.
-Upcasters = Mapping[int, Callable[[dict[str, Any]], Mapping[str, Any]]]
 
 
 class UpcastOptions(TypedDict, total=False):
@@ -69,10 +65,6 @@ def handled_version(handler: Handler) -> int:
     return max(upcasters) + 1 if upcasters else 1
 
 
-class UpcastFailed(BadArguments):
-    """An upcaster raised, or did not return the next version's keyword arguments."""
-
-
 class Upcasting(Middleware):
     """Installed by an app when one of its handlers names upcasters."""
 
@@ -85,18 +77,12 @@ class Upcasting(Middleware):
         if not upcasters:
             return None
         delivery = attempt.delivery
-        fired_at = version = delivery.headers.get(EVENT_VERSION) or 1
-        kwargs = dict(delivery.kwargs)
+        fired_at = delivery.headers.get(EVENT_VERSION) or 1
         try:
-            while version in upcasters:
-                upcast = upcasters[version](dict(kwargs))
-                if not isinstance(upcast, Mapping):
-                    raise TypeError(f"it returned {type(upcast).__name__}, not the keyword arguments")
-                kwargs, version = dict(upcast), version + 1
-        except Exception as exc:
-            error = UpcastFailed(f"upcasting from version {version} to {version + 1} failed: {describe(exc)}")
+            kwargs, version = upcast(upcasters, fired_at, delivery.kwargs)
+        except UpcastFailed as exc:
             handling = attempt.context.handling(attempt.handler)
-            return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, error), handling, attempt.context.now())
+            return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), handling, attempt.context.now())
         if version != fired_at:
             attempt.delivery = replace(delivery, kwargs=kwargs, headers={**delivery.headers, EVENT_VERSION: version})
         return None

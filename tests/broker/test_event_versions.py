@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from contract_modes import archived_in
+from helpers import wait_archived
 
 from amqp_events import Reason
 from amqp_events.history import Query
@@ -56,3 +57,22 @@ def test_version_1_events_replayed_from_the_history_are_upcast(mode, records):
     for event_id, n in zip(ids, (3, 4), strict=True):
         runs = records.all(service="invoices", id=event_id)
         assert [{key: run[key] for key in ("invoice_id", "total", "currency")} for run in runs] == [upcast(n)] * 2
+
+
+def test_contracts_check_against_the_archive_and_the_history_counts_what_today_s_handler_would_refuse(
+    worker, producer, cli_process
+):
+    worker("invoices", env={"HISTORY": "1", "BROKEN_UPCASTER": "1"})
+    for n in (1, 2):
+        producer.fire(EVENT, [], {"invoice_id": n, "amount": f"{n}.00"})
+    wait_archived(producer.archive("invoices"), 2)
+    command = ("contracts", "check", "--against", "archive", "--against", "history", "--since", "1h")
+    fixed = cli_process(*command, app="services.invoices", env={"HISTORY": "1", "FIXED": "1"})
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    for place in ("archive", "history"):
+        assert f"| {place} | {EVENT} | {EVENT} | 2 | 0 |" in fixed.stdout, fixed.stdout
+    forgot = cli_process(*command, app="services.invoices", env={"HISTORY": "1", "NO_UPCASTER": "1"})
+    assert forgot.returncode == 1, forgot.stdout + forgot.stderr
+    for place in ("archive", "history"):
+        assert f"| {place} | {EVENT} | {EVENT} | 2 | 2 | 2: " in forgot.stdout, forgot.stdout
+    assert "cannot take this payload" in forgot.stdout

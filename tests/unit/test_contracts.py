@@ -3,6 +3,7 @@ of change judged from the consumer's side; and the schema comparison over whole 
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from amqp_events import events_app
 from amqp_events.asyncapi.document import document
+from amqp_events.contracts.at_rest import AtRest, judge
 from amqp_events.contracts.fleet import Contract, Finding, check, read
 from amqp_events.contracts.schemas import accepts
 
@@ -180,7 +182,7 @@ def test_the_command_exits_1_on_a_break_and_0_otherwise_in_markdown_and_json(tmp
     passed = subprocess.run([*command, str(baseline), str(fine), "--format", "json"], capture_output=True, text=True,
                             timeout=60)  # fmt: skip
     assert passed.returncode == 0, passed.stderr
-    [change] = json.loads(passed.stdout)
+    [change] = json.loads(passed.stdout)["changes"]
     assert change["breaking"] is False and change["why"] == ["currency added (string, optional)"]
 
 
@@ -235,3 +237,26 @@ def test_an_integer_is_taken_where_a_number_is_but_not_the_other_way(name):
     integer = {"type": "object", "properties": {name: {"type": "integer"}}}
     assert accepts(number, integer, nothing) == []
     assert accepts(integer, number, nothing) == [f"{name}: number where integer is taken"]
+
+
+# -- messages at rest, judged as a worker judges them --------------------------------------------------------
+
+KEYS = st.sampled_from(["invoice_id", "amount", "total", "currency", "note"])
+
+
+@given(st.dictionaries(KEYS, st.integers() | st.text(max_size=5), max_size=5), st.sampled_from([None, 1, 2]))
+def test_a_message_at_rest_is_refused_exactly_when_the_handler_could_not_be_called_with_it(kwargs, version):
+    def v1_to_v2(arguments: dict[str, Any]) -> dict[str, Any]:
+        return {**arguments, "total": arguments.pop("amount", "0")}
+
+    app = events_app("shipping", broker_url=URL)
+    app.handler(EVENT, upcasters={1: v1_to_v2})(on_paid_total)
+    headers = {} if version is None else {"event_version": version}
+    [tally] = judge(app.handlers.values(), [AtRest("archive", EVENT, headers, [], kwargs)])
+    upcast = v1_to_v2(dict(kwargs)) if version in (None, 1) else kwargs
+    try:
+        inspect.signature(on_paid_total).bind(**upcast)
+        fits = True
+    except TypeError:
+        fits = False
+    assert (tally.sampled, sum(tally.refused.values())) == (1, 0 if fits else 1)

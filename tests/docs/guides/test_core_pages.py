@@ -284,7 +284,8 @@ def test_changing_an_event_is_caught_by_the_check_then_shipped_consumer_first(gu
         checks += [done] if checking else []
         if len(checks) == 2 and shipping is None:
             shipping = the_consumer_first(changing)
-    assert [done.returncode for done in checks] == [1, 0, 0], [done.stdout for done in checks]
+    assert [done.returncode for done in checks] == [1, 0, 0, 0], [done.stdout for done in checks]
+    assert "No message at rest" in checks[-1].stdout
     said = changing.text.split("It exits 1, and says why", 1)[1].split("\n\n")[1]
     assert all(row.strip() in checks[0].stdout for row in said.splitlines()), checks[0].stdout
     assert shipping is not None
