@@ -102,6 +102,17 @@ def services_in(listing: Iterable[Mapping[str, Any]]) -> list[ServiceQueues]:
     return found
 
 
+def subscribers(bindings: Iterable[Mapping[str, Any]], exchange: str) -> dict[str, list[str]]:
+    """The services each event reaches: the owners of what the events ``exchange`` routes it to (a queue, or an
+    ordered exchange), from the management API's ``/api/bindings/<vhost>`` (the shared history stream is no one's)."""
+    found: dict[str, set[str]] = {}
+    for binding in bindings:
+        owner = owner_of(str(binding.get("destination") or ""))
+        if binding.get("source") == exchange and owner:
+            found.setdefault(str(binding.get("routing_key") or ""), set()).add(owner)
+    return {event: sorted(services) for event, services in sorted(found.items())}
+
+
 def _samples(details: Any) -> Series:
     """The management API's ``samples`` (newest first, times in milliseconds), oldest first, in seconds."""
     samples = details.get("samples") if isinstance(details, Mapping) else None

@@ -17,7 +17,7 @@ from amqp_events.archive import Archive, Selection
 from amqp_events.celery import control
 from amqp_events.celery.heartbeats import OnlineWorkers, follow
 from amqp_events.console.audit import AuditTrail
-from amqp_events.console.discovery import ServiceQueues, services_in
+from amqp_events.console.discovery import ServiceQueues, services_in, subscribers
 from amqp_events.console.index import ArchiveIndex, Snapshot
 from amqp_events.console.overview import ServiceRow, by_urgency, service_row
 from amqp_events.console.watch import Reading, Watch
@@ -125,6 +125,27 @@ class Fleet:
         if found is None:
             raise UnknownService(f"no service {name!r} on this vhost (none has a queue {name}.archive)")
         return found
+
+    def events(self) -> list[dict[str, Any]]:
+        """Each event the vhost routes, with the services it reaches; with a service's own app (``-A``), the
+        version it fires each of its events at and the version each of its handlers takes."""
+        reached = subscribers(self.management.bindings(self.vhost), self.app.events_settings.exchange)
+        fired: dict[str, int] = dict(self.app.event_versions) if self.own else {}
+        taken: dict[str, int] = {}
+        if self.own:
+            self.app.loader.import_default_modules()
+            for handler in self.app.handlers.values():
+                upcasters = handler.options.get("upcasters") or {}
+                taken[handler.event] = max(taken.get(handler.event, 1), max(upcasters, default=0) + 1)
+        return [
+            {
+                "event": event,
+                "subscribers": reached.get(event, []),
+                "fired": fired.get(event),
+                "taken": taken.get(event),
+            }
+            for event in sorted({*reached, *fired, *taken})
+        ]
 
     def databases(self) -> dict[str, Any] | None:
         """The ``-A`` app's outbox (when ``amqp_events_outbox_url`` names it) and its handlers' inboxes: what

@@ -53,6 +53,8 @@ def _overview(request: Request, fleet: Fleet) -> Response:
         "rows": fleet.rows(),
         "chart": chart(list(reading.services), reading.broker_started),
         "databases": fleet.databases(),
+        "events": fleet.events(),
+        "service": fleet.app.service if fleet.own else "",
     }
     return page(request, "overview.html", context)
 

@@ -100,7 +100,8 @@ def sweep(ledger: Path, timeout: float = 10.0) -> list[int]:
     groups = []
     for entry in sorted(ledger.glob("[0-9]*")):
         pid, started = int(entry.name), int(entry.read_text() or 0)
-        if (not alive(pid) or same(pid, started)) and _signal_group(pid, signal.SIGTERM):
+        # Zombies (a server whose starter ended, not reaped yet) run nothing: only a group with a live member counts.
+        if (not alive(pid) or same(pid, started)) and group_members(pid) and _signal_group(pid, signal.SIGTERM):
             groups.append(pid)
         entry.unlink(missing_ok=True)
     if not groups_gone(groups, timeout):

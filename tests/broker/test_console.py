@@ -150,6 +150,26 @@ def test_pausing_a_handler_stops_its_consumption_on_every_worker(worker, produce
     records.wait(1)
 
 
+def test_with_a_service_s_app_the_overview_shows_the_versions_of_its_events_and_whom_each_reaches(
+    worker, broker_url, rabbitmq, browser
+):
+    worker("invoices")
+    worker("shipping")
+    console = Console(broker_url, rabbitmq.management.base_url, f"127.0.0.1:{free_port()}",
+                      {"PYTHONPATH": str(TESTS), "BROKER_URL": broker_url}, app="services.invoices")  # fmt: skip
+    try:
+        console.wait_serving(console.url + "/api/services")
+        page = browser.new_page()
+        page.goto(console.url + "/")
+        paid = page.locator('#events tr[data-event="billing.invoice.paid"]')
+        assert paid.locator(".taken").inner_text() == "2"  # its upcaster takes version 1
+        assert paid.locator(".fired").inner_text() == ""  # it does not fire it
+        assert paid.locator(".subscribers").inner_text() == "invoices"
+        assert page.locator('#events tr[data-event="test.ping"] .subscribers').inner_text() == "shipping"
+    finally:
+        console.stop()
+
+
 def test_with_a_service_s_app_the_overview_shows_its_inbox(
     worker, producer, records, broker_url, rabbitmq, tmp_path, browser
 ):
