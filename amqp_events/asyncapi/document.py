@@ -21,6 +21,7 @@ from typing import Any
 from amqp_events.asyncapi.schemas import payload_schema
 from amqp_events.core.context import ServiceContext
 from amqp_events.core.events import Event
+from amqp_events.core.versions import handled_version
 from amqp_events.topology import delays
 from amqp_events.topology.names import SLOTS, ordered_exchange_name
 from amqp_events.transport.inspection import address_of, vhost_of
@@ -93,7 +94,8 @@ def document(
                 "action": "receive",
                 "channel": {"$ref": f"#/channels/{queue}"},
                 "summary": f"{service} handles {name} with {handled[name].name} (either wire format).",
-                # The versions of the arguments its upcasters turn into the one it takes, the next after them.
+                # The version of the arguments it takes, and those its upcasters turn into it.
+                "x-event-version": handled_version(handler),
                 "x-upcasts-from": sorted(handler.options.get("upcasters") or ()),
                 "messages": [{"$ref": f"#/channels/{queue}/messages/{message}"} for message in _references(name)],
                 "bindings": {"amqp": {"ack": True, "bindingVersion": AMQP_BINDINGS}},

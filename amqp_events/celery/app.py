@@ -271,7 +271,8 @@ class EventsApp(Producing, EventsCelery):
         ``rate_limit_key``; what waits over a limit waits on the broker
         (docs/guides/flow-control.md). ``upcasters`` (``{1: v1_to_v2}``) turn the arguments of an event
         fired at an earlier version into those of the version the handler takes (the one after the last named),
-        before it runs, live or replayed. ``name`` registers another handler of an event that has one
+        before it runs, live or replayed; an event of a later version comes without what it has no parameter
+        for. ``name`` registers another handler of an event that has one
         in this service (``@app.handler("user.created", name="welcome_email")``):
         it gets its own queue, retries, archive entries, breaker and metrics.
         Other keyword arguments are Celery task options. Each option belongs to the feature that reads it

@@ -22,6 +22,7 @@ from amqp_events.console.index import ArchiveIndex, Snapshot
 from amqp_events.console.overview import ServiceRow, by_urgency, service_row
 from amqp_events.console.watch import Reading, Watch
 from amqp_events.core.arguments import Arguments
+from amqp_events.core.versions import handled_version
 from amqp_events.errors import BadArguments, UnknownService
 from amqp_events.inbox.prune import prunable_stores
 from amqp_events.limits.operations import limits_set, set_row
@@ -135,8 +136,7 @@ class Fleet:
         if self.own:
             self.app.loader.import_default_modules()
             for handler in self.app.handlers.values():
-                upcasters = handler.options.get("upcasters") or {}
-                taken[handler.event] = max(taken.get(handler.event, 1), max(upcasters, default=0) + 1)
+                taken[handler.event] = max(taken.get(handler.event, 1), handled_version(handler))
         return [
             {
                 "event": event,

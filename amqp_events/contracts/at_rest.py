@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amqp_events.core.handler import Handler
-from amqp_events.core.versions import upcast
+from amqp_events.core.versions import as_handled
 from amqp_events.errors import BadArguments
 from amqp_events.wire.message import EVENT_VERSION
 
@@ -70,10 +70,7 @@ def refusal(handler: Handler, message: AtRest) -> str | None:
     if message.args is None or message.kwargs is None:
         return "its body cannot be read"
     try:
-        kwargs, _ = upcast(
-            handler.options.get("upcasters") or {}, message.headers.get(EVENT_VERSION) or 1, message.kwargs
-        )
-        handler.fit(tuple(message.args), kwargs)
+        handler.fit(tuple(message.args), as_handled(handler, message.headers.get(EVENT_VERSION) or 1, message.kwargs))
     except BadArguments as exc:
         return str(exc)
     return None

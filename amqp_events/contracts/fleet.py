@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from amqp_events.contracts.schemas import Schema, accepts, describe
+from amqp_events.contracts.schemas import SENT_NOT_TAKEN, Schema, accepts, describe
 
 
 @dataclass(frozen=True)
@@ -139,10 +139,15 @@ class EventChange:
 
     def _refused(self, consumer: Contract, task: str, schema: Schema, producer: Contract) -> list[str]:
         """Why the handler refuses what ``producer`` fires (nothing, when one of its upcasters takes that version:
-        what it makes of it is the upcaster's to say)."""
-        if producer.versions.get(self.event, 1) in consumer.upcasts.get(task, ()):
+        what it makes of it is the upcaster's to say; of a later version, the arguments it does not take are left
+        out, not refused)."""
+        fired, upcasts = producer.versions.get(self.event, 1), consumer.upcasts.get(task, frozenset())
+        if fired in upcasts:
             return []
-        return accepts(schema, producer.fires[self.event], producer.resolve, consumer.resolve)
+        why = accepts(schema, producer.fires[self.event], producer.resolve, consumer.resolve)
+        if fired > max(upcasts, default=0) + 1:  # later than it takes: what it has no parameter for is left out
+            why = [reason for reason in why if not reason.endswith(SENT_NOT_TAKEN)]
+        return why
 
     def _producers(self) -> list[Finding]:
         """The producers whose change breaks nobody, and those that stopped firing it."""

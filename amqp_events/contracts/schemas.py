@@ -15,6 +15,8 @@ from typing import Any
 Schema = Mapping[str, Any]
 #: Looks a ``$ref`` up in the document that holds it.
 Resolve = Callable[[str], Schema]
+#: Why a handler without ``**kwargs`` refuses an argument it has no parameter for.
+SENT_NOT_TAKEN = ": sent, and not taken"
 #: A JSON value of type ``integer`` is a ``number`` too.
 _WIDER = {"integer": {"number"}}
 
@@ -67,7 +69,7 @@ def _object(consumer: Schema, producer: Schema, theirs: Resolve, mine: Resolve, 
         if name in sent:
             found.extend(_accepts(schema, sent[name], theirs, mine, _in(at, name), seen))
     if consumer.get("additionalProperties") is False:
-        found.extend(f"{_in(at, name)}: sent, and not taken" for name in sent if name not in taken)
+        found.extend(f"{_in(at, name)}{SENT_NOT_TAKEN}" for name in sent if name not in taken)
     return found
 
 

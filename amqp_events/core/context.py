@@ -51,7 +51,7 @@ class Attempt:
     hooks in ``state``.
     """
 
-    __slots__ = ("call", "can_hold", "concluded", "context", "delivery", "handler", "kind", "state")
+    __slots__ = ("arguments", "call", "can_hold", "concluded", "context", "delivery", "handler", "kind", "state")
 
     def __init__(
         self,
@@ -68,6 +68,9 @@ class Attempt:
         self.can_hold = can_hold
         #: The handler's own function (``run`` attempts): what the innermost :data:`HandlerCall` calls.
         self.call = call
+        #: The keyword arguments the handler is called with, when a ``before_handle`` hook made them (an earlier
+        #: version's upcast); ``None``: the delivery's. The delivery, what a retry or an archived copy carries, stays.
+        self.arguments: dict[str, Any] | None = None
         self.state: dict[str, Any] = {}
         #: The outcome settled already while the handler ran (by ``self.retry()``).
         self.concluded: Outcome | None = None

@@ -112,7 +112,8 @@ def _run(attempt: Attempt) -> tuple[Outcome, Any]:
     if refused is not None:
         return decide(delivery, refused, handling, context.now()), None
     try:
-        args, kwargs = handler.fit(tuple(delivery.args), dict(delivery.kwargs))
+        given = dict(delivery.kwargs) if attempt.arguments is None else attempt.arguments
+        args, kwargs = handler.fit(tuple(delivery.args), given)
     except BadArguments as exc:
         return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), handling, context.now()), None
     prepared = _prepared.get(context)

@@ -1,29 +1,30 @@
 """Upcasting: a handler that takes version N of an event's arguments is handed an event fired at an earlier version
-turned into version N first, by functions it names, as Axon and EventStore upcast stored events.
+turned into version N first, by functions it names, as Axon and EventStore upcast stored events; and one fired at a
+later version without the arguments it does not take, so that a producer may move first.
 
 ``@app.handler(event, upcasters={1: v1_to_v2, 2: v2_to_v3})`` takes version 3. An event fired at version 1 (or
 without an ``event_version`` header: every release before versions) goes through both functions, one fired at
 version 2 through the second. Each is given the keyword arguments (a dict of its own) and returns those of the
-next version. What waits on the broker stays as it was fired, so live events, retries, and replays from the
-archive and from the history are each upcast when they run; a retry's copy carries the upcast arguments and their
-version. An event at a version the handler has no function from (a later one) reaches it as it was fired.
+next version. What waits on the broker stays as it was fired: live events, retries, and replays from the archive
+and from the history are each upcast when they run, and a retry or an archived copy carries the event as fired.
+An event of a later version than the handler takes reaches it without the arguments it has no parameter for (an
+argument it requires and is not sent is refused as ever: only additions are forward-compatible).
 
-The version is the sender's word (a header): it picks which of the handler's own functions run, never what
-handler runs. An upcaster that raises archives the event (``bad_arguments``, saying which step failed): it can
-be replayed once the function is fixed.
+The version is the sender's word (a header): it picks which of the handler's own functions run, or which of the
+arguments sent it leaves out, never what handler runs. An upcaster that raises archives the event
+(``bad_arguments``, saying which step failed): it can be replayed once the function is fixed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, TypedDict
 
 from amqp_events.core.context import Attempt, Middleware
 from amqp_events.core.handler import Handler
 from amqp_events.core.options import HandlerOptions
 from amqp_events.core.outcome import CannotRun, Outcome, decide
-from amqp_events.core.versions import Upcasters, UpcastFailed, upcast
+from amqp_events.core.versions import Upcasters, UpcastFailed, as_handled
 from amqp_events.settings import Settings
 from amqp_events.wire.message import EVENT_VERSION, Reason
 
@@ -59,30 +60,24 @@ def upcasters_of(handler: Handler | None) -> Upcasters | None:
     return handler.options.get("upcasters") if handler is not None else None
 
 
-def handled_version(handler: Handler) -> int:
-    """The version of the event's arguments ``handler`` takes: the one after its last upcaster's (else 1)."""
-    upcasters = upcasters_of(handler)
-    return max(upcasters) + 1 if upcasters else 1
-
-
 class Upcasting(Middleware):
-    """Installed by an app when one of its handlers names upcasters."""
+    """Hands each handler an event's arguments in the version it takes (installed by every app: a handler without
+    upcasters still meets events of later versions)."""
 
     @classmethod
     def for_service(cls, settings: Settings, handlers: Sequence[Handler], version: str) -> Upcasting | None:
-        return cls() if any(upcasters_of(handler) for handler in handlers) else None
+        return cls()
 
     def before_handle(self, attempt: Attempt) -> Outcome | None:
-        upcasters = upcasters_of(attempt.handler)
-        if not upcasters:
-            return None
-        delivery = attempt.delivery
+        handler, delivery = attempt.handler, attempt.delivery
         fired_at = delivery.headers.get(EVENT_VERSION) or 1
+        if handler is None or (fired_at == 1 and not upcasters_of(handler)):
+            return None
         try:
-            kwargs, version = upcast(upcasters, fired_at, delivery.kwargs)
+            kwargs = as_handled(handler, fired_at, delivery.kwargs)
         except UpcastFailed as exc:
-            handling = attempt.context.handling(attempt.handler)
+            handling = attempt.context.handling(handler)
             return decide(delivery, CannotRun(Reason.BAD_ARGUMENTS, exc), handling, attempt.context.now())
-        if version != fired_at:
-            attempt.delivery = replace(delivery, kwargs=kwargs, headers={**delivery.headers, EVENT_VERSION: version})
+        if kwargs != delivery.kwargs:
+            attempt.arguments = kwargs
         return None

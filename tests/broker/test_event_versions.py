@@ -76,3 +76,28 @@ def test_contracts_check_against_the_archive_and_the_history_counts_what_today_s
     for place in ("archive", "history"):
         assert f"| {place} | {EVENT} | {EVENT} | 2 | 2 | 2: " in forgot.stdout, forgot.stdout
     assert "cannot take this payload" in forgot.stdout
+
+
+SETTLED = "billing.invoice.settled"
+
+
+@MODES
+@pytest.mark.parametrize("first", ["consumer", "producer"])
+def test_an_added_argument_ships_in_either_order_without_an_archived_event(mode, records, first):
+    """Version 2 of ``billing.invoice.settled`` adds a currency: whichever side moves first, every event runs."""
+    mode.start("receipts", env={"RECEIPTS_VERSION": "2" if first == "consumer" else "1"})
+    if first == "consumer":  # today's producer, version 1: the upcaster gives it its currency
+        mode.producer.fire(SETTLED, [], {"invoice_id": 1, "amount": "1.00"})
+        expected = {"invoice_id": 1, "amount": "1.00", "currency": "EUR"}
+    else:  # the producer's version 2 to today's handler: it leaves out the currency it has no parameter for
+        settled = mode.producer.event(SETTLED, version=2)(settled_v2)
+        settled(1, "1.00", "CHF")
+        expected = {"invoice_id": 1, "amount": "1.00", "currency": None}
+    mode.until(lambda: records.all(service="receipts"))
+    [run] = records.all(service="receipts")
+    assert {key: run[key] for key in expected} == expected  # it ran once, to its end: nothing was archived
+    assert mode.archive("receipts").list() == []
+
+
+def settled_v2(invoice_id: int, amount: str, currency: str) -> None:
+    """Version 2 of the event, as its producer declares it."""
