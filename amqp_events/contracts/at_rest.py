@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from amqp_events.contracts.tables import markdown_table
 from amqp_events.core.handler import Handler
 from amqp_events.core.versions import as_handled
 from amqp_events.errors import BadArguments
@@ -79,9 +80,11 @@ def refusal(handler: Handler, message: AtRest) -> str | None:
 def markdown(tallies: list[Tally]) -> str:
     if not tallies:
         return "No message at rest for any handler of this service.\n"
-    lines = ["| where | event | handler | sampled | refused | why |", "|---|---|---|---|---|---|"]
-    for tally in tallies:
-        why = "; ".join(f"{count}: {reason}" for reason, count in tally.refused.most_common()).replace("|", "\\|")
-        row = [tally.where, tally.event, tally.handler, str(tally.sampled), str(sum(tally.refused.values())), why]
-        lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    rows = (
+        [
+            tally.where, tally.event, tally.handler, str(tally.sampled), str(sum(tally.refused.values())),
+            "; ".join(f"{count}: {reason}" for reason, count in tally.refused.most_common()),
+        ]
+        for tally in tallies
+    )  # fmt: skip
+    return markdown_table(["where", "event", "handler", "sampled", "refused", "why"], rows)

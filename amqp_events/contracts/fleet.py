@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from amqp_events.contracts.schemas import SENT_NOT_TAKEN, Schema, accepts, describe
+from amqp_events.contracts.tables import markdown_table
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Contract:
     versions: Mapping[str, int] = field(default_factory=dict)
     #: Handler -> the versions its upcasters take (an event fired at one of them is upcast before it runs).
     upcasts: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    #: Handler -> the version of the arguments it takes.
+    takes: Mapping[str, int] = field(default_factory=dict)
 
     def resolve(self, reference: str) -> Schema:
         return self.definitions.get(reference.rsplit("/", 1)[-1], {})
@@ -43,7 +46,7 @@ class Contract:
 def read(document: Mapping[str, Any]) -> Contract:
     """The contract in a service's AsyncAPI document (``amqp-events -A APP asyncapi``)."""
     schemas = document.get("components", {}).get("schemas", {})
-    fires, handles, versions, upcasts = {}, {}, {}, {}
+    fires, handles, versions, upcasts, takes = {}, {}, {}, {}, {}
     for key, operation in document.get("operations", {}).items():
         kind, _, name = key.partition(".")
         if kind == "fire" and operation.get("action") == "send":
@@ -52,7 +55,9 @@ def read(document: Mapping[str, Any]) -> Contract:
         elif kind == "handle" and operation.get("action") == "receive":
             handles[name] = schemas.get(name, {})
             upcasts[name] = frozenset(int(version) for version in operation.get("x-upcasts-from", ()))
-    return Contract(document["info"]["title"], fires, handles, schemas, versions, upcasts)
+            # A document written before versions said none: the version after its upcasters' (as the worker's).
+            takes[name] = int(operation.get("x-event-version", max(upcasts[name], default=0) + 1))
+    return Contract(document["info"]["title"], fires, handles, schemas, versions, upcasts, takes)
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ class EventChange:
         if fired in upcasts:
             return []
         why = accepts(schema, producer.fires[self.event], producer.resolve, consumer.resolve)
-        if fired > max(upcasts, default=0) + 1:  # later than it takes: what it has no parameter for is left out
+        if fired > consumer.takes.get(task, 1):  # later than it takes: what it has no parameter for is left out
             why = [reason for reason in why if not reason.endswith(SENT_NOT_TAKEN)]
         return why
 
@@ -223,10 +228,8 @@ def markdown(findings: list[Finding]) -> str:
     """The findings as a Markdown table, breaking ones first."""
     if not findings:
         return "No change to any event's contract.\n"
-    lines = ["| | event | producer | consumer | change | why |", "|---|---|---|---|---|---|"]
-    for f in findings:
-        why = "; ".join(f.why).replace("|", "\\|")
-        lines.append(
-            f"| {'breaking' if f.breaking else 'ok'} | {f.event} | {f.producer} | {f.consumer} | {f.change} | {why} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = (
+        ["breaking" if f.breaking else "ok", f.event, f.producer, f.consumer, f.change, "; ".join(f.why)]
+        for f in findings
+    )
+    return markdown_table(["verdict", "event", "producer", "consumer", "change", "why"], rows)
