@@ -190,7 +190,7 @@ class Middlewares:
     def __init__(self, items: Iterable[Middleware] = ()) -> None:
         self.items: tuple[Middleware, ...] = tuple(items)
         for hook in HOOKS:
-            methods = [_plain(getattr(item, hook)) for item in self.items if _overrides(item, hook)]
+            methods = [_plain(getattr(item, hook)) for item in self.items if hook in _overridden(type(item))]
             if hook.startswith("after_"):
                 methods.reverse()
             setattr(self, hook, tuple(methods))
@@ -215,8 +215,18 @@ class Middlewares:
         return Middlewares((*self.items, *more))
 
 
-def _overrides(item: Middleware, hook: str) -> bool:
-    return getattr(type(item), hook, None) is not getattr(Middleware, hook)
+_OVERRIDDEN: dict[type[Middleware], frozenset[str]] = {}
+
+
+def _overridden(kind: type[Middleware]) -> frozenset[str]:
+    """The hooks a middleware class overrides, found once (a service's middleware are listed again for each
+    in-process run)."""
+    found = _OVERRIDDEN.get(kind)
+    if found is None:
+        found = _OVERRIDDEN[kind] = frozenset(
+            hook for hook in HOOKS if getattr(kind, hook, None) is not getattr(Middleware, hook)
+        )
+    return found
 
 
 def _plain(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -23,15 +23,28 @@ from amqp_events.topology.layout import (
 from amqp_events.topology.names import check_service_name, direct_exchange_name, event_of, owner_of
 from amqp_events.topology.partitioning import ordered_partitions, parked_queues, workers_queue
 
+#: Each service's last topology and what it was made of: the in-process mode makes a service's context again for
+#: every test, and a topology (some 50 queues of kombu's) costs a test more than handling its events does.
+_LAST: dict[str, tuple[tuple[frozenset[str], frozenset[str], Settings], Topology]] = {}
+
 
 def service_topology(service: str, events: Iterable[str], settings: Settings, ordered: Iterable[str] = ()) -> Topology:
     """The topology of ``service`` handling ``events`` (its handlers' task names: events, and ``<event>:<name>``
     for named handlers), those in ``ordered`` one at a time per key, its queues laid out as
     ``settings.queue_layout`` says."""
+    made_of = (frozenset(events), frozenset(ordered), settings)
+    last = _LAST.get(service)
+    if last is not None and last[0] == made_of:
+        return last[1]
+    topology = _made(service, made_of[0], settings, made_of[1])
+    _LAST[service] = (made_of, topology)
+    return topology
+
+
+def _made(service: str, events: frozenset[str], settings: Settings, ordered: frozenset[str]) -> Topology:
     exchanges, queues, bindings = delay_ladder(settings)
-    ordered = set(ordered)
     event_queues = []
-    unordered = sorted(set(events) - ordered)
+    unordered = sorted(events - ordered)
     if settings.queue_layout == "per_service" and unordered:
         queue, its_bindings = service_queue(service, sorted({event_of(task) for task in unordered}), settings)
         event_queues.append(queue)

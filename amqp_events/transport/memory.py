@@ -28,13 +28,14 @@ messages whose TTL ran out by then.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from kombu import Exchange, Queue
 from kombu.transport.virtual.exchange import STANDARD_EXCHANGE_TYPES, DirectExchange, ExchangeType, TopicExchange
@@ -94,8 +95,10 @@ class MemoryQueue:
         return self.arguments.get("x-dead-letter-exchange")
 
     def head_expires_at(self) -> datetime | None:
+        if not self.messages:
+            return None
         ttl = self.ttl
-        if ttl is None or not self.messages:
+        if ttl is None:
             return None
         enqueued_at = self.messages[0].enqueued_at
         return None if enqueued_at is None else enqueued_at + ttl
@@ -117,6 +120,20 @@ class AmqpTopicExchange(TopicExchange):
 
     wildcards = {**TopicExchange.wildcards, "*": r"[^\.]+"}  # noqa: RUF012  # kombu's attribute, as kombu types it
 
+    def key_to_pattern(self, rkey: str) -> str:
+        return _topic_pattern(rkey)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_pattern(routing_key: str) -> str:
+    """kombu's pattern of a topic binding's key, made once: every in-process run binds the same keys again (the
+    delay ladders), and making one costs more than the rest of a binding."""
+    pattern: str = TopicExchange.key_to_pattern(_AMQP_TOPIC, routing_key)
+    return pattern
+
+
+_AMQP_TOPIC = cast(Any, AmqpTopicExchange)(None)  # kombu's exchange types take the channel they serve
+
 
 class MemoryBroker:
     """Exchanges, queues and bindings in memory; every method runs at once, in the caller's thread."""
@@ -126,6 +143,10 @@ class MemoryBroker:
         self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}
         self.queues: dict[str, MemoryQueue] = {}
         self.routes: dict[str, list[Route]] = {}
+        self._bound: set[tuple[str, str, tuple[bool, str]]] = set()  # (exchange, key, destination): bound once
+        #: What each (exchange, routing key) of a direct, fanout or topic exchange routes to, until the next binding:
+        #: a topic exchange matches every binding's pattern, and a delay ladder has some fifty.
+        self._looked_up: dict[tuple[str, str], list[tuple[bool, str]]] = {}
         # A headers exchange binds like a direct one; it routes by the headers its bindings match (:meth:`_route`).
         types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange, "headers": DirectExchange}
         self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
@@ -156,7 +177,8 @@ class MemoryBroker:
             )
 
     def declare_exchange(self, exchange: Exchange) -> None:
-        self.exchanges.setdefault(exchange.name, (exchange.type, dict(getattr(exchange, "arguments", None) or {})))
+        if exchange.name not in self.exchanges:
+            self.exchanges[exchange.name] = (exchange.type, dict(getattr(exchange, "arguments", None) or {}))
 
     def _bind(
         self, exchange: str, routing_key: str, destination: tuple[bool, str], arguments: dict[str, Any] | None = None
@@ -164,7 +186,9 @@ class MemoryBroker:
         kind = self._types[self.exchanges[exchange][0]]
         key, pattern, _ = kind.prepare_bind(destination, exchange, routing_key, None)
         routes = self.routes.setdefault(exchange, [])
-        if not any(route.key == key and route.destination == destination for route in routes):
+        if (exchange, key, destination) not in self._bound:
+            self._bound.add((exchange, key, destination))
+            self._looked_up.clear()
             routes.append(Route(key, pattern, destination, dict(arguments or {})))
 
     def hold(self, names: Sequence[str]) -> str | None:
@@ -201,8 +225,10 @@ class MemoryBroker:
         if kind == "headers":
             found = [route.destination for route in routes if _all_match(route.arguments, headers)]
         else:
-            table = [(route.key, route.pattern, route.destination) for route in routes]
-            found = self._types[kind].lookup(table, exchange, routing_key, None)
+            if (exchange, routing_key) not in self._looked_up:
+                table = [(route.key, route.pattern, route.destination) for route in routes]
+                self._looked_up[exchange, routing_key] = self._types[kind].lookup(table, exchange, routing_key, None)
+            found = self._looked_up[exchange, routing_key]
         queues: set[str] = set()
         for to_exchange, name in found:
             if not to_exchange:
