@@ -190,7 +190,11 @@ class Middlewares:
     def __init__(self, items: Iterable[Middleware] = ()) -> None:
         self.items: tuple[Middleware, ...] = tuple(items)
         for hook in HOOKS:
-            methods = [_plain(getattr(item, hook)) for item in self.items if hook in _overridden(type(item))]
+            methods = [
+                _awaited(getattr(item, hook)) if is_async else getattr(item, hook)
+                for item in self.items
+                if (is_async := _overridden(type(item)).get(hook)) is not None
+            ]
             if hook.startswith("after_"):
                 methods.reverse()
             setattr(self, hook, tuple(methods))
@@ -215,24 +219,24 @@ class Middlewares:
         return Middlewares((*self.items, *more))
 
 
-_OVERRIDDEN: dict[type[Middleware], frozenset[str]] = {}
+_OVERRIDDEN: dict[type[Middleware], dict[str, bool]] = {}
 
 
-def _overridden(kind: type[Middleware]) -> frozenset[str]:
-    """The hooks a middleware class overrides, found once (a service's middleware are listed again for each
-    in-process run)."""
+def _overridden(kind: type[Middleware]) -> dict[str, bool]:
+    """The hooks a middleware class overrides, each with whether it is an ``async def`` one; found once (a
+    service's middleware are listed again for each in-process run)."""
     found = _OVERRIDDEN.get(kind)
     if found is None:
-        found = _OVERRIDDEN[kind] = frozenset(
-            hook for hook in HOOKS if getattr(kind, hook, None) is not getattr(Middleware, hook)
-        )
+        found = _OVERRIDDEN[kind] = {
+            hook: is_coroutine_handler(getattr(kind, hook))
+            for hook in HOOKS
+            if getattr(kind, hook, None) is not getattr(Middleware, hook)
+        }
     return found
 
 
-def _plain(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook as the pipeline calls it: an ``async def`` one awaited to completion (see :class:`Middleware`)."""
-    if not is_coroutine_handler(method):
-        return method
+def _awaited(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An ``async def`` hook as the pipeline calls it: awaited to completion (see :class:`Middleware`)."""
 
     @functools.wraps(method)
     def awaited(*args: Any) -> Any:

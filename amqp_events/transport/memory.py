@@ -169,7 +169,8 @@ class MemoryBroker:
 
     def declare_queue(self, queue: Queue) -> None:
         """Declare ``queue`` and its binding to its exchange (one that exists is kept)."""
-        self.queues.setdefault(queue.name, MemoryQueue(queue.name, dict(getattr(queue, "queue_arguments", None) or {})))
+        if queue.name not in self.queues:
+            self.queues[queue.name] = MemoryQueue(queue.name, dict(getattr(queue, "queue_arguments", None) or {}))
         if queue.exchange is not None and queue.exchange.name:
             self.declare_exchange(queue.exchange)
             self._bind(
@@ -183,13 +184,13 @@ class MemoryBroker:
     def _bind(
         self, exchange: str, routing_key: str, destination: tuple[bool, str], arguments: dict[str, Any] | None = None
     ) -> None:
+        if (exchange, routing_key, destination) in self._bound:
+            return
         kind = self._types[self.exchanges[exchange][0]]
         key, pattern, _ = kind.prepare_bind(destination, exchange, routing_key, None)
-        routes = self.routes.setdefault(exchange, [])
-        if (exchange, key, destination) not in self._bound:
-            self._bound.add((exchange, key, destination))
-            self._looked_up.clear()
-            routes.append(Route(key, pattern, destination, dict(arguments or {})))
+        self._bound.add((exchange, routing_key, destination))
+        self._looked_up.clear()
+        self.routes.setdefault(exchange, []).append(Route(key, pattern, destination, dict(arguments or {})))
 
     def hold(self, names: Sequence[str]) -> str | None:
         """The first of ``names`` not held, now held (an exclusive queue's declaration); ``None``: each is."""
