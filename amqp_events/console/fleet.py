@@ -17,7 +17,7 @@ from amqp_events.archive import Archive, Selection
 from amqp_events.celery import control
 from amqp_events.celery.heartbeats import OnlineWorkers, follow
 from amqp_events.console.audit import AuditTrail
-from amqp_events.console.discovery import ServiceQueues, services_in, subscribers
+from amqp_events.console.discovery import ServiceQueues, services_in
 from amqp_events.console.index import ArchiveIndex, Snapshot
 from amqp_events.console.overview import ServiceRow, by_urgency, service_row
 from amqp_events.console.watch import Reading, Watch
@@ -128,9 +128,10 @@ class Fleet:
         return found
 
     def events(self) -> list[dict[str, Any]]:
-        """Each event the vhost routes, with the services it reaches; with a service's own app (``-A``), the
-        version it fires each of its events at and the version each of its handlers takes."""
-        reached = subscribers(self.management.bindings(self.vhost), self.app.events_settings.exchange)
+        """Each event the vhost routes, with the services it reaches (as the latest reading found them); with a
+        service's own app (``-A``), the version it fires each of its events at and the version each of its handlers
+        takes."""
+        reached = self.reading().subscribers
         fired: dict[str, int] = dict(self.app.event_versions) if self.own else {}
         taken: dict[str, int] = {}
         if self.own:

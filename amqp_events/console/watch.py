@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from amqp_events.console.discovery import ServiceQueues, services_in
+from amqp_events.console.discovery import ServiceQueues, services_in, subscribers
 from amqp_events.console.index import ArchiveIndex
 from amqp_events.core.context import ServiceContext
 from amqp_events.errors import ManagementError
@@ -51,6 +51,8 @@ class Reading:
     sampled_at: float = 0.0
     #: Why an archive could not be read, by service (its figures are the last ones read, if any).
     unreadable: Mapping[str, str] = field(default_factory=dict)
+    #: The services each event reaches, by event (:func:`~amqp_events.console.discovery.subscribers`).
+    subscribers: Mapping[str, list[str]] = field(default_factory=dict)
 
     def service(self, name: str) -> ServiceQueues | None:
         return next((service for service in self.services if service.name == name), None)
@@ -101,6 +103,10 @@ def read(
         nodes: tuple[Mapping[str, Any], ...] = tuple(management.nodes())
     except ManagementError:  # a user without the monitoring tag may not list nodes
         nodes = ()
+    try:
+        reached = subscribers(management.bindings(vhost), context.settings.exchange)
+    except ManagementError:  # the events table then lists what the app knows of
+        reached = {}
     delayed = sum(int(item.get("messages") or 0) for name, item in queues.items() if is_delay_queue(name))
     replays = {
         service.name: cursor
@@ -115,7 +121,7 @@ def read(
             "console: reading the vhost took %.1f s (its queues listed in %.1f s, archives %.1f s, the rest %.1f s)",
             took, listed - started, counted - listed, took - (counted - started),
         )  # fmt: skip
-    return Reading(moment, tuple(services), queues, nodes, delayed, replays, sampled_at, unreadable)
+    return Reading(moment, tuple(services), queues, nodes, delayed, replays, sampled_at, unreadable, reached)
 
 
 def _with_samples_of(service: ServiceQueues, before: ServiceQueues | None) -> ServiceQueues:
