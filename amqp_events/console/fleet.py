@@ -22,7 +22,7 @@ from amqp_events.console.index import ArchiveIndex, Snapshot
 from amqp_events.console.overview import ServiceRow, by_urgency, service_row
 from amqp_events.console.watch import Reading, Watch
 from amqp_events.core.arguments import Arguments
-from amqp_events.core.versions import handled_version
+from amqp_events.core.versions import UpcastFailed, as_handled, handled_version
 from amqp_events.errors import BadArguments, UnknownService
 from amqp_events.inbox.prune import prunable_stores
 from amqp_events.limits.operations import limits_set, set_row
@@ -30,6 +30,7 @@ from amqp_events.limits.overrides import Override
 from amqp_events.topology.names import is_partition_queue
 from amqp_events.transport.management import ManagementAPI
 from amqp_events.wire.archive_entries import ArchivedMessage
+from amqp_events.wire.message import EVENT_VERSION
 
 if TYPE_CHECKING:
     from amqp_events.celery import EventsApp
@@ -228,7 +229,9 @@ class Fleet:
         original = archive.get(message_id)
         if original is None:
             return False
-        self.fits(service, original.handler, original.arguments, args, kwargs)
+        fired_at = original.headers.get(EVENT_VERSION)
+        version = fired_at if type(fired_at) is int and fired_at >= 1 else 1  # else its replay is refused as ever
+        self.fits(service, original.handler, original.arguments, args, kwargs, version)
         if archive.retry_edited(message_id, args, kwargs, replayed_by=by) is None:
             return False  # replayed or purged by someone else meanwhile
         before = dict(zip(("args", "kwargs"), original.arguments or ([], {}), strict=True))
@@ -244,11 +247,17 @@ class Fleet:
         original: tuple[list[Any], dict[str, Any]] | None,
         args: list[Any],
         kwargs: dict[str, Any],
+        version: int = 1,
     ) -> None:
         """Refuse (:class:`BadArguments`) arguments the handler cannot take: checked against its signature when
-        the console runs with the service's app (``-A``), else against the original's (same names, same count)."""
+        the console runs with the service's app (``-A``), as a worker hands them to it (those of an event fired at
+        another ``version`` upcast or trimmed first), else against the original's (same names, same count)."""
         handler = self._own_handler(service, handler_name)
         if handler is not None:
+            try:
+                kwargs = as_handled(handler, version, kwargs)
+            except UpcastFailed as exc:
+                raise BadArguments(str(exc)) from None
             args_t = tuple(args)
             handler.fit(args_t, kwargs)
             if handler.event_class is None and not handler.leading_parameters:

@@ -8,6 +8,8 @@ from contract_modes import archived_in
 from helpers import wait_archived
 
 from amqp_events import Reason
+from amqp_events.console.fleet import Fleet
+from amqp_events.errors import BadArguments
 from amqp_events.history import Query
 
 EVENT = "billing.invoice.paid"
@@ -101,3 +103,26 @@ def test_an_added_argument_ships_in_either_order_without_an_archived_event(mode,
 
 def settled_v2(invoice_id: int, amount: str, currency: str) -> None:
     """Version 2 of the event, as its producer declares it."""
+
+
+def test_the_console_edits_an_archived_version_1_event_as_its_handler_takes_it(
+    worker, producer, service_app, rabbitmq, vhost, records, monkeypatch
+):
+    """Edit and retry in the console with the service's app: the edited arguments are checked as the worker will
+    hand them to the handler (a version-1 body through its upcaster), and the replay runs upcast."""
+    broken = worker("invoices", env={"BROKEN_UPCASTER": "1"})
+    event_id = producer.fire(EVENT, [], {"invoice_id": 7, "amount": "7.00"})
+    wait_archived(producer.archive("invoices"), 1)
+    broken.stop()
+    monkeypatch.setenv("FIXED", "1")  # the app the console loads is the fixed release
+    worker("invoices", env={"FIXED": "1"})
+    fleet = Fleet(service_app("invoices"), rabbitmq.management, vhost, own=True)
+    with pytest.raises(BadArguments, match="upcasting from version 1 to 2 failed: KeyError"):
+        fleet.retry_edited("invoices", event_id, [], {"invoice_id": 7, "total": "8.00", "currency": "EUR"}, "op")
+    assert fleet.retry_edited("invoices", event_id, [], {"invoice_id": 7, "amount": "8.00"}, "op")
+    [run] = records.wait(1, service="invoices")
+    assert {key: run[key] for key in ("invoice_id", "total", "currency")} == {
+        "invoice_id": 7,
+        "total": "8.00",
+        "currency": "EUR",
+    }
