@@ -111,18 +111,22 @@ def test_a_warm_shutdown_of_a_threads_worker_finishes_an_ordered_coroutine_handl
 
 
 def test_a_coroutine_waiting_on_a_socket_or_a_timer_goes_on_after_the_connection_is_lost(
-    rabbitmq, vhost, worker, producer, records
+    rabbitmq, vhost, worker, producer, records, tmp_path
 ):
     """The worker's event loop is reset when its connection is lost: the coroutines' loop is stepped again for
     its sockets and its timers."""
     if rabbitmq.node is None:
         pytest.skip("needs the harness's own node (not $AMQP_URL) to close the worker's connection")
     process = worker("awaits")
-    producer.fire("test.reply", ["reply"], {"seconds": 4})
-    producer.fire("test.lingering", ["lingering"], {"seconds": 4})
+    # The handlers wait until the worker has connected again, not for a time: the lost connection must find them
+    # in flight, however long closing it takes on a loaded machine.
+    reconnected = tmp_path / "reconnected"
+    producer.fire("test.reply", ["reply"], {"seconds": 0, "until": str(reconnected)})
+    producer.fire("test.lingering", ["lingering"], {"seconds": 0, "until": str(reconnected)})
     records.wait(2, timeout=60, state="started")
     rabbitmq.node.rabbitmqctl("close_all_connections", "-p", vhost, "closed by the test")
     wait_for(lambda: process.log().count("Connected to amqp") >= 2, 60, what="the worker connected again")
+    reconnected.touch()
     # The runs in flight finish (their acks are refused with the old channel), and the redelivered copies run.
     finished = records.wait(4, timeout=60, state="finished")
     assert sorted(record["tag"] for record in finished) == ["lingering", "lingering", "reply", "reply"]

@@ -79,24 +79,40 @@ async def _all_there(group, size):
 
 
 @app.handler("test.lingering", max_retries=0)
-async def on_lingering(tag, seconds):
+async def on_lingering(tag, seconds, until=None):
+    """Sleeps ``seconds``, or with ``until`` (a file's path) on a timer until the test makes that file."""
     record("awaits", tag=tag, state="started")
-    await asyncio.sleep(seconds)
+    if until is None:
+        await asyncio.sleep(seconds)
+    while until is not None and not os.path.exists(until):
+        await asyncio.sleep(0.05)
     record("awaits", tag=tag, state="finished")
 
 
 @app.handler("test.reply", max_retries=0)
-async def on_reply(tag, seconds):
-    """Waits on a socket alone (no timer of its loop): another thread writes to it after ``seconds``."""
+async def on_reply(tag, seconds, until=None):
+    """Waits on a socket alone (no timer of its loop): another thread writes to it after ``seconds``, or with
+    ``until`` (a file's path) once the test makes that file."""
     record("awaits", tag=tag, state="started")
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
-    writer = threading.Timer(seconds, theirs.send, (b"x",))
+    cancelled = threading.Event()
+    writer = threading.Thread(target=_write_once, args=(theirs, seconds, until, cancelled), daemon=True)
     writer.start()
     try:
         await asyncio.get_running_loop().sock_recv(ours, 1)
     finally:
-        writer.cancel()
+        cancelled.set()
+        writer.join()
         ours.close()
         theirs.close()
     record("awaits", tag=tag, state="finished", thread=threading.current_thread().name)
+
+
+def _write_once(sock, seconds, until, cancelled):
+    if until is None:
+        cancelled.wait(seconds)
+    while until is not None and not os.path.exists(until) and not cancelled.wait(0.05):
+        pass
+    if not cancelled.is_set():
+        sock.send(b"x")
