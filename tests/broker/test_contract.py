@@ -422,11 +422,13 @@ def test_a_rate_limit_paces_a_burst_in_the_order_fired_and_waiting_is_never_an_a
     assert {run["attempt"] for run in starts} == {1}
     times = [run["time"] for run in starts]
     most_in = lambda seconds: max(sum(1 for t in times if first <= t < first + seconds) for first in times)  # noqa: E731
-    # In-process the window is exact; on the broker a start is recorded a moment after the broker counted it, and
-    # how close to the limit the backlog runs depends on the machine's load.
+    # In-process the window is exact. On the broker a start is recorded a moment after the broker counted it (longer
+    # on a loaded machine), so two recorded starts may come closer than the 0.6 s the broker kept between them:
+    # paced still means never a burst (15 at once unpaced).
     if mode.exact_times:
-        assert most_in(3.0) == 5
-    assert most_in(2.5) <= 5 and most_in(0.5) == 1
+        assert most_in(3.0) == 5 and most_in(2.5) <= 5 and most_in(0.5) == 1
+    else:
+        assert most_in(2.0) <= 5 and most_in(0.5) <= 2
 
 
 def test_concurrency_per_key_runs_one_at_a_time_per_account_and_each_event_once(mode, records):

@@ -73,5 +73,6 @@ def test_a_rate_limit_s_window_keeps_its_count_through_a_broker_crash(node, work
     for n in range(3, 6):
         producer.fire("mail.paced", [], {"n": n})
     later = records.wait(6, 90, handler="paced", tag="start")[3:]
-    # The broker counted the first three when it took them; each record is written a moment after.
-    assert min(line["time"] for line in later) >= min(line["time"] for line in first) + 20 - 0.5
+    # The broker counted the first three when it took them; each record is written a moment after (longer on a
+    # loaded machine): the window's places handed out again would have started the later three at once.
+    assert min(line["time"] for line in later) >= min(line["time"] for line in first) + 20 - 2

@@ -89,8 +89,8 @@ def test_a_process_killed_mid_run_gives_its_lease_back_and_the_others_go_on(
 def test_concurrency_per_key_holds_each_key_and_lets_the_others_go(worker, producer, records):
     worker("mailer")
     worker("mailer")
-    for n in range(4):
-        producer.fire("mail.per_account", [], {"account": "hot", "n": n, "sleep": 0.5})
+    for n in range(4):  # the last hot run starts some 4.5 s on: the four cold ones, in turn, end before it
+        producer.fire("mail.per_account", [], {"account": "hot", "n": n, "sleep": 1.5})
     for n in range(10, 14):
         producer.fire("mail.per_account", [], {"account": "cold", "n": n})
     wait_for(lambda: len(intervals(records, "per_account")) == 8, 120, what="eight runs of mail.per_account")
@@ -115,7 +115,7 @@ def test_a_rate_limit_holds_over_two_workers_in_every_window(worker, producer, r
     # The broker counts when it takes a start; a record is written a moment after: a window a little shorter
     # than the limit's tells the limit without that moment's jitter. (How close to the limit a backlog runs
     # depends on the machine's load: not asserted.)
-    assert max(sum(1 for t in times if first <= t < first + 2.5) for first in times) <= 10
+    assert max(sum(1 for t in times if first <= t < first + 2.0) for first in times) <= 10
     assert sorted(line["n"] for line in starts) == list(range(35))
     assert {line["attempt"] for line in starts} == {1}
 
@@ -154,7 +154,7 @@ def test_a_handler_whose_breaker_closes_after_an_outage_drains_its_backlog_at_it
     assert "close: 2 worker(s)" in closed.output, closed.output
     starts = records.wait(30, 120, handler="paced", tag="start")
     times = sorted(line["time"] for line in starts)
-    assert max(sum(1 for t in times if first <= t < first + 2.5) for first in times) <= 10  # within its limit
+    assert max(sum(1 for t in times if first <= t < first + 2.0) for first in times) <= 10  # within its limit
     assert sorted(line["n"] for line in starts) == list(range(30))
     assert {line["attempt"] for line in starts} == {1}
 

@@ -119,7 +119,7 @@ def test_an_interrupted_replay_goes_on_where_it_stopped_after_a_broker_restart(
     fire_entries(teller, 0, 3000)
     teller.close()
     monkeypatch.setenv("DATABASE_URL", postgres_url)  # read when the service's module is imported
-    replay = replay_command(broker_url, postgres_url, "--since", since, "--rate", "400", "--yes")
+    replay = replay_command(broker_url, postgres_url, "--since", since, "--rate", "200", "--yes")
     try:
         wait_for(
             lambda: queued(producer, "catchup.history.cursor") >= 1 or replay.poll() is not None,

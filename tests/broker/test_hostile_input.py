@@ -148,7 +148,7 @@ def test_an_amqp_expiration_passed_in_the_queue_lands_in_the_archive_and_replays
 
 def test_an_eta_in_the_future_waits_on_the_broker_not_in_the_worker(worker, producer, broker_url, records):
     process = worker("orders")
-    put(broker_url, {**HEADERS, "eta": future(seconds=3)})
+    put(broker_url, {**HEADERS, "eta": future(seconds=10)})  # still ahead when the worker takes it, however loaded
     wait_for(lambda: "postponed until its eta event=test.ping" in process.log(), 15, what="the event postponed")
     [ran] = records.wait(1, timeout=30)
     assert ran["tag"] == "hostile" and ran["attempt"] == 1

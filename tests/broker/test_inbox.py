@@ -117,7 +117,7 @@ def test_redis_dedup_skips_a_duplicate_after_success_and_runs_again_after_its_tt
     assert len(records.all(id=event_id)) == 1
     key = f"amqp_events:done:payments:services.payments.on_mail_with_redis:{event_id}"
     client = redis.Redis.from_url(redis_url)
-    wait_for(lambda: not client.exists(key), 10, what="the key's TTL (2 s) to pass")
+    wait_for(lambda: not client.exists(key), 20, what="the key's TTL (5 s) to pass")
     producer.transport.publish(
         producer.event_message("mail.redis", ["mail"], {"how": {}}).__class__(
             "events", "mail.redis", {"task": "mail.redis", "id": event_id}, [["mail"], {}, {}], event_id

@@ -239,7 +239,7 @@ def test_a_sender_s_celery_time_limits_are_not_the_handler_s(pool, fleet, start_
     orders_worker(start_worker, records, fleet, env={"TIME_LIMIT": "1", "MAX_RETRIES": "0"}, concurrency=1, **pool)
     sent = {
         "t1": ([100000, 100000], 2.0),  # [hard, soft] a day each, for a run of 2 s
-        "t2": ([0.2, 0.1], 0.5),  # a tenth of a second, for a run of 0.5 s
+        "t2": ([0.2, 0.1], 0.25),  # a tenth of a second, for a run of 0.25 s (well within the handler's 1 s)
         "t3": (None, 0),  # runs after both
     }
     for event_id, (limits, sleep) in sent.items():

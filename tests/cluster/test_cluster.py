@@ -367,6 +367,7 @@ def test_a_rate_limit_holds_while_the_node_holding_its_window_is_lost(cluster, c
     assert sorted(line["n"] for line in starts) == list(range(15))  # each once: none archived, none lost
     assert {line["attempt"] for line in starts} == {1}  # waiting for the node was never an attempt
     times = sorted(line["time"] for line in starts)
-    # The broker counts a start when it takes it; a record is written a moment after.
-    assert max(sum(1 for t in times if first <= t < first + 9.5) for first in times) <= 5
+    # The broker counts a start when it takes it; a record is written a moment after (longer on a loaded machine):
+    # paced, four start in any 8 s, so five leave room for that moment.
+    assert max(sum(1 for t in times if first <= t < first + 8.0) for first in times) <= 5
     producer.close()
