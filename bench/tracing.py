@@ -3,6 +3,7 @@ tracer provider, and without the extra, measured side by side in one run (``benc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -30,12 +31,41 @@ def firing(bench: Bench, size: Size) -> list[Result]:
 
 
 def handling(bench: Bench, size: Size) -> list[Result]:
-    """Events/s one solo worker handles, ``size.drain`` waiting, in each mode."""
+    """Events/s one solo worker handles, ``size.drain`` waiting, in each mode; then what the SDK alone costs."""
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     for repeat in range(size.repeats):
         for mode in MODES[repeat % 4 :] + MODES[: repeat % 4]:
             rates[mode].append(drain(bench, size, "ours", "solo", 1, worker_env={"TRACING": mode}))
-    return _compared(f"handling {size.drain:,} waiting events, -P solo", rates, "events/s", 0.9)
+    what = f"handling {size.drain:,} waiting events, -P solo"
+    return [*_compared(what, rates, "events/s", 0.9), *(_floor(what, rates, mode, size) for mode in ("on", "sampled"))]
+
+
+def _floor(what: str, rates: dict[str, list[float]], mode: str, size: Size) -> Result:
+    """The SDK's own cost per handled event (``bench/apps/traced_floor.py``: the same span, alone) beside what
+    tracing adds to a worker's event in ``mode``; and the best ratio that cost leaves, were the library's own
+    part nothing."""
+    floors = []
+    for _ in range(3):
+        argv = [sys.executable, str(APPS / "traced_floor.py"), str(max(size.drain, 5000))]
+        done = subprocess.run(argv, env={**os.environ, "TRACING": mode}, cwd=APPS, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        if done.returncode:
+            raise RuntimeError(f"traced_floor.py ({mode}) failed: {done.stderr}")
+        floors.append(float(done.stdout.split()[-1]))
+    floor, untraced = median(floors), 1 / median(rates["absent"])
+    added = 1 / median(rates[mode]) - untraced
+    best = untraced / (untraced + floor)
+    sampled = "one trace in ten sampled" if mode == "sampled" else "every trace sampled"
+    return Result(
+        f"{what}, traced ({sampled}): the SDK alone, the floor",
+        f"tracing adds {added * 1e6:,.0f} us per event",
+        f"the SDK alone: {floor * 1e6:,.0f} us per event (the same span; at best {best:.2f}x without tracing)",
+        floor / added if added > 0 else None,
+        "the SDK's share of what tracing adds",
+        None,
+        {"added (us)": added * 1e6, "SDK alone (us)": floor * 1e6},
+        {"SDK alone (us)": [each * 1e6 for each in floors]},
+    )
 
 
 def _compared(what: str, rates: dict[str, list[float]], unit: str, target: float) -> list[Result]:
