@@ -31,7 +31,7 @@ import copy
 import functools
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -146,7 +146,7 @@ class MemoryBroker:
         self._bound: set[tuple[str, str, tuple[bool, str]]] = set()  # (exchange, key, destination): bound once
         #: What each (exchange, routing key) of a direct, fanout or topic exchange routes to, until the next binding:
         #: a topic exchange matches every binding's pattern, and a delay ladder has some fifty.
-        self._looked_up: dict[tuple[str, str], list[tuple[bool, str]]] = {}
+        self._looked_up: dict[tuple[str, str], Collection[tuple[bool, str]]] = {}
         # A headers exchange binds like a direct one; it routes by the headers its bindings match (:meth:`_route`).
         types: dict[str, Any] = {**STANDARD_EXCHANGE_TYPES, "topic": AmqpTopicExchange, "headers": DirectExchange}
         self._types: dict[str, ExchangeType] = {name: kind(None) for name, kind in types.items()}
@@ -223,6 +223,7 @@ class MemoryBroker:
             raise TopologyMissing(f"NOT_FOUND - no exchange '{exchange}' in vhost")
         kind, arguments = self.exchanges[exchange]
         routes = self.routes.get(exchange, [])
+        found: Collection[tuple[bool, str]]  # (to an exchange?, name): kombu's lookup gives a set
         if kind == "headers":
             found = [route.destination for route in routes if _all_match(route.arguments, headers)]
         else:
