@@ -90,7 +90,11 @@ class FlowControl(Middleware):
     def limits_in_force(self, attempt: Attempt, handler: Handler) -> Limits:
         """``handler``'s limits: its code's, or those an operator set at run time."""
         context = attempt.context
-        body = context.transport.limit_table(limit_settings(context.name).name)
+        try:
+            body = context.transport.limit_table(limit_settings(context.name).name)
+        except LimitUnavailable as exc:  # the stream's node is down, or the connection lost: the table in force stays
+            logger.warning("the limits set at run time for %r cannot be read now: %s", context.name, exc)
+            return in_force(handler, self._table[1])
         if body != self._table[0]:
             try:
                 self._table = (body, decode(body) if body is not None else {})

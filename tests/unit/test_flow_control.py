@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from amqp_events import EventsApp, events_app
+from amqp_events.errors import LimitUnavailable
 from amqp_events.limits import Rate, parse_rates
-from amqp_events.limits.middleware import HotKeys
+from amqp_events.limits.middleware import UNAVAILABLE_WAIT, HotKeys
 from amqp_events.limits.operations import limited_handler, limits_set, set_limit
 from amqp_events.limits.options import limits_of
 from amqp_events.limits.overrides import Override, decode, encode
@@ -176,6 +177,40 @@ def test_a_limit_set_at_run_time_is_in_force_at_once_in_the_in_process_mode_and_
         assert limits_set(mailer.transport, "mailer") == {"mail.requested": Override(None, "100/m")}
         assert set_limit(mailer.transport, "mailer", handler, reset=True) == limits_of(handler)
         assert limits_set(mailer.transport, "mailer") == {}
+
+
+def test_a_broker_out_of_reach_makes_an_event_wait_unrun_and_the_limits_set_at_run_time_stay(mailer, monkeypatch):
+    """The node holding the stream of limits or a window lost (or flow control's connection): never an attempt."""
+
+    @mailer.event("mail.requested")
+    def requested(n: int) -> None: ...
+
+    @mailer.handler("mail.requested", rate_limit="50/m")
+    def send(n: int) -> None: ...
+
+    with in_process(mailer) as events:
+        handler = limited_handler(mailer.handlers, "send")
+        set_limit(mailer.transport, "mailer", handler, rate_limit="100/m")
+        requested(0)  # the table is read
+        transport = type(mailer.transport)
+        lost = iter(range(6))
+
+        def out_of_reach(real):  # the first six calls of each find the broker out of reach
+            def call(self, *args):
+                if next(lost, None) is not None:
+                    raise LimitUnavailable("flow control's connection to the broker failed: ConnectionResetError()")
+                return real(self, *args)
+
+            return call
+
+        monkeypatch.setattr(transport, "limit_table", out_of_reach(transport.limit_table))
+        monkeypatch.setattr(transport, "admit", out_of_reach(transport.admit))
+        for n in range(1, 200):
+            requested(n)
+        assert 60 <= events.drain() <= 120 + 10 + 6 * UNAVAILABLE_WAIT  # 100 a minute (not 50): the table stayed
+        runs = [run for run in events.handled("mailer") if run.outcome == "success"]
+    assert [run.kwargs["n"] for run in runs] == list(range(200))
+    assert {run.attempt for run in runs} == {1}  # waiting for the broker was never an attempt
 
 
 def test_only_a_handler_with_a_limit_in_its_code_takes_one_at_run_time(mailer):
