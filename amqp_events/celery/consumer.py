@@ -59,7 +59,7 @@ from amqp_events.dispatch.dispatcher import Dispatcher, inline
 from amqp_events.dispatch.settling import Archiver, ChannelSettler
 from amqp_events.errors import PermissionRefused, TopologyMismatch, TopologyMissing, WorkerStartError
 from amqp_events.ordering.runner import OrderedRunner
-from amqp_events.transport.acks import HeldAcks
+from amqp_events.transport.acks import MAX_HOLD, HeldAcks
 from amqp_events.transport.declare import declare_topology
 from amqp_events.transport.decoders import bound_decoders
 from amqp_events.wire.bounds import decoding_reason
@@ -180,7 +180,9 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         if self.coroutine_runner is not None:
             self.coroutine_runner.before_poll()
         if self.held_acks is not None:  # a run of Celery's pool that ends wakes the loop: its ack may join these
-            self.held_acks.send_if_waiting(len(worker_state.active_requests))
+            # Those its pool holds too (prefetched, not yet started by a child): they end soon after, or the held
+            # acks' timer sends them.
+            self.held_acks.send_if_waiting(len(worker_state.reserved_requests))
 
     def stop(self) -> None:
         self.after_stop = self.after_stop if self.after_stop is not None else collections.deque()
@@ -316,8 +318,10 @@ class EventConsumer(Consumer):  # type: ignore[misc]
         once half the prefetch window is held, or after 50 ms). What the previous channel held went back with it."""
         if self.hub is None:
             return
+        # Where handlers run in other processes, a slow handler does not hold up this process's loop: hold on.
+        gap = None if self.host.runs_here else MAX_HOLD
         self.held_acks = HeldAcks(
-            self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2, self.hub.call_later
+            self.task_consumer.channel, lambda: (getattr(self.qos, "value", 0) or 128) // 2, self.hub.call_later, gap
         )
 
     def settler_of(self, message: Message) -> ChannelSettler:

@@ -19,6 +19,7 @@ from celery.worker.state import task_ready
 from amqp_events.celery.task import EventHandler, delivery_of
 from amqp_events.core import handling
 from amqp_events.errors import Archived, Revoked
+from amqp_events.transport.acks import ack_at_once
 from amqp_events.wire.message import Reason
 
 logger = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class EventRequest(Request):  # type: ignore[misc]
             task_ready(self)
             if send_failed_event:
                 self.send_event("task-failed", exception=saferepr(exc), traceback=exc_info.traceback)
-            self.acknowledge()
+            self.acknowledge_replaced()
             return None
         if not self._lost_its_process(exc):
             return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
@@ -63,14 +64,14 @@ class EventRequest(Request):  # type: ignore[misc]
             logger.exception("could not handle the loss of the process running %s; requeueing it", self.id)
             self.reject(requeue=True)
             return None
-        self.acknowledge()
+        self.acknowledge_replaced()
         return None
 
     def on_retry(self, exc_info: Any) -> None:
         """Upstream: the event shows ``Retry``'s ``exc``; the handler's own exception is shown, not a ``Retry``
         wrapped in another."""
         if self.task.acks_late:
-            self.acknowledge()
+            self.acknowledge_replaced()
         exc: Any = getattr(exc_info.exception, "exc", None)
         while getattr(exc, "exc", None) is not None:  # a Retry of a Retry (self.retry() raised inside the handler)
             exc = exc.exc
@@ -87,7 +88,14 @@ class EventRequest(Request):  # type: ignore[misc]
             logger.exception("could not archive the revoked %s; it stays on the broker", self.id)
             self._already_revoked = True
             return
+        ack_at_once(self.message)
         super()._announce_revoked(reason, terminated, signum, expired)
+
+    def acknowledge_replaced(self) -> None:
+        """Ack a message whose copy took its place (a retry, the archive, a lost run counted): at once, never held
+        with others (:mod:`amqp_events.transport.acks`), or the message and its copy could both come back."""
+        ack_at_once(self.message)
+        self.acknowledge()
 
     def _lost_its_process(self, exc: BaseException) -> bool:
         if not self.task.acks_late or self._already_revoked:

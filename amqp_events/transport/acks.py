@@ -1,18 +1,18 @@
 """Acks sent together: one ``basic.ack`` with ``multiple`` for a run of settled deliveries, not one per message.
 
-A channel numbers its deliveries 1, 2, 3, ... (again from 1 when it is reopened); an ack with ``multiple`` settles
-every outstanding delivery up to its tag. :class:`HeldAcks` holds the acks a consumer's channel is given in a fast
-run (each within :data:`HOLD_GAP` of the one before) while more deliveries wait to be read or runs of the pool
-(whose results wake the event loop) may end in a moment, and sends them once the worker is about to wait with
-neither (its event loop's tick before each poll), once ``limit`` are held, or once the oldest is :data:`MAX_HOLD`
-old (a timer of the event loop sees to it while the loop waits). An ack with ``multiple`` is sent only up to a tag
-below which every delivery of the channel is settled here (acked, rejected or requeued), so it never settles a
-message still running; the others are sent alone. Rejects and requeues go out at once, and so does an ack given in
-another thread than the consumer's, or after a slower handler. With the solo pool the held acks of a fast run may
-wait for the run of the message after them (a duplicate, should the worker die meanwhile, as with any ack not yet
-sent). The ack of a message whose copy was published in its place (a retry, the archive) must not wait so, or the
-message and its copy would both come back: its delivery is marked (:meth:`HeldAcks.never_hold`), and its ack goes
-out as given, with what is held.
+A channel numbers its deliveries 1, 2, 3, ... (again from 1 when it is reopened); an ack with ``multiple`` settles every
+outstanding delivery up to its tag. :class:`HeldAcks` holds the acks a consumer's channel is given in a fast run (each
+within :data:`HOLD_GAP` of the one before; at any pace where a pool's processes run the handlers) while more deliveries
+wait to be read or runs of the pool (whose results wake the event loop) may end in a moment, and sends them once the
+worker is about to wait with neither (its event loop's tick before each poll), once ``limit`` are held, or once the
+oldest is :data:`MAX_HOLD` old (a timer of the event loop sees to it while the loop waits). An ack with ``multiple`` is
+sent only up to a tag below which every delivery of the channel is settled here (acked, rejected or requeued), so it
+never settles a message still running; the others are sent alone. Rejects and requeues go out at once, and so does an
+ack given in another thread than the consumer's, or after a slower handler. With the solo pool the held acks of a fast
+run may wait for the run of the message after them (a duplicate, should the worker die meanwhile, as with any ack not
+yet sent). The ack of a message whose copy was published in its place (a retry, the archive) must not wait so, or the
+message and its copy would both come back: its delivery is marked (:meth:`HeldAcks.never_hold`, or
+:func:`ack_at_once` from a kombu message), and its ack goes out as given, with what is held.
 
 Upstream (RabbitMQ 3.10-4.x): an ack whose tag is not outstanding closes the channel (PRECONDITION_FAILED
 "unknown delivery tag"), with ``multiple`` too when no later delivery is outstanding: the tag sent is always a
@@ -35,7 +35,9 @@ logger = logging.getLogger(__name__)
 #: that channel (memory stays bounded if a delivery is never settled here).
 MAX_TRACKED = 4096
 #: Seconds between two acks within which the second is held: a run of fast handlers. After a slower one (whose
-#: ack costs little beside it) the ack goes out at once.
+#: ack costs little beside it) the ack goes out at once. Where handlers run in other processes (prefork), the
+#: consumer's process is the one that pays for each ack frame whatever the handlers' pace: there the gap is
+#: :data:`MAX_HOLD`.
 HOLD_GAP = 0.002
 #: Seconds an ack is held at most while deliveries keep arriving (on this or another channel of the connection).
 MAX_HOLD = 0.05
@@ -90,9 +92,14 @@ class HeldAcks:
     together (see the module's text); installed on the channel until :meth:`uninstall`."""
 
     def __init__(
-        self, channel: Any, limit: Callable[[], int], call_later: Callable[[float, Callable[[], None]], Any]
+        self,
+        channel: Any,
+        limit: Callable[[], int],
+        call_later: Callable[[float, Callable[[], None]], Any],
+        hold_gap: float | None = None,
     ) -> None:
         self.channel, self.limit, self.call_later = channel, limit, call_later
+        self.hold_gap = HOLD_GAP if hold_gap is None else hold_gap
         self.timer: Any = None  # the event loop's timer that sends what is still held after MAX_HOLD
         self.window = AckWindow()
         # Reentrant: a signal handler of the consumer's thread (a cold shutdown) may ack while it sends.
@@ -103,6 +110,7 @@ class HeldAcks:
         self.last_ack = self.oldest_held = 0.0
         self._ack, self._reject, self._revive = channel.basic_ack, channel.basic_reject, channel._do_revive
         channel.basic_ack, channel.basic_reject, channel._do_revive = self.ack, self.reject, self._reopened
+        channel.held_acks = self  # for :func:`ack_at_once`
 
     def ack(self, delivery_tag: int, multiple: bool = False, *args: Any, **kwargs: Any) -> Any:
         with self.lock:
@@ -111,7 +119,7 @@ class HeldAcks:
                 self.window.settle(delivery_tag, multiple)
                 return self._ack(delivery_tag, multiple, *args, **kwargs)
             now = time.monotonic()
-            fast, self.last_ack = now - self.last_ack <= HOLD_GAP, now
+            fast, self.last_ack = now - self.last_ack <= self.hold_gap, now
             if not self.window.held:
                 self.oldest_held = now
             self.window.hold(delivery_tag)
@@ -166,7 +174,7 @@ class HeldAcks:
         self.send()
         with self.lock:
             self.holding = False  # a caller that found this ack before it was taken off sends at once
-        for name in ("basic_ack", "basic_reject", "_do_revive"):
+        for name in ("basic_ack", "basic_reject", "_do_revive", "held_acks"):
             vars(self.channel).pop(name, None)
 
     def _reopened(self) -> Any:
@@ -202,3 +210,10 @@ class HeldAcks:
             return bool(select.select([sock], [], [], 0)[0])
         except (OSError, ValueError):
             return False
+
+
+def ack_at_once(message: Any) -> None:
+    """``message``'s ack (kombu's message) goes out as it is given, not held: a copy of it took its place."""
+    held = getattr(message.channel, "held_acks", None)
+    if held is not None:
+        held.never_hold(message.delivery_tag)

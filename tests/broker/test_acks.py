@@ -179,7 +179,12 @@ def acked_by_celery_s_path(message: Message, held: HeldAcks) -> None:
     acked_unheld(lambda handed: handed.ack(), marker(held))(message)
 
 
-@pytest.mark.parametrize("ack", [replaced_by_the_router, acked_by_celery_s_path])
+def replaced_in_a_pool_process(message: Message, held: HeldAcks) -> None:
+    acks.ack_at_once(message)  # a prefork child's retry, archive or lost run (EventRequest.acknowledge_replaced)
+    message.ack()
+
+
+@pytest.mark.parametrize("ack", [replaced_by_the_router, acked_by_celery_s_path, replaced_in_a_pool_process])
 def test_the_ack_of_a_message_a_copy_replaced_goes_out_at_once_with_what_is_held(broker_url, ack):
     """A retry's or a lost run's copy is published, then its original acked. Held, that ack would die with a
     process its copy kills next (the copy is the next delivery): the original would come back beside its copy,
