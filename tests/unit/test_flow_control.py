@@ -8,7 +8,7 @@ import itertools
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import given
@@ -161,41 +161,45 @@ def test_an_event_without_its_key_is_archived_as_bad_arguments(mailer):
     assert archived.reason == "bad_arguments" and "no key" in archived.exception_message
 
 
-def test_a_limit_set_at_run_time_is_in_force_at_once_in_the_in_process_mode_and_a_reset_goes_back(mailer):
+@pytest.fixture
+def fifty_a_minute(mailer: EventsApp) -> Callable[[int], None]:
+    """``mail.requested``, handled by ``send`` at 50 a minute in its code: the event to fire."""
+
     @mailer.event("mail.requested")
     def requested(n: int) -> None: ...
 
     @mailer.handler("mail.requested", rate_limit="50/m")
     def send(n: int) -> None: ...
 
+    return requested
+
+
+def test_a_limit_set_at_run_time_is_in_force_at_once_in_the_in_process_mode_and_a_reset_goes_back(
+    mailer, fifty_a_minute
+):
     with in_process(mailer) as events:
         handler = limited_handler(mailer.handlers, "send")
         assert set_limit(mailer.transport, "mailer", handler, rate_limit="100/m").rates == (Rate(100, 60),)
         for n in range(200):
-            requested(n)
+            fifty_a_minute(n)
         assert 60 <= events.drain() <= 120 + 10  # 100 a minute: two minutes, not four
         assert limits_set(mailer.transport, "mailer") == {"mail.requested": Override(None, "100/m")}
         assert set_limit(mailer.transport, "mailer", handler, reset=True) == limits_of(handler)
         assert limits_set(mailer.transport, "mailer") == {}
 
 
-def test_a_broker_out_of_reach_makes_an_event_wait_unrun_and_the_limits_set_at_run_time_stay(mailer, monkeypatch):
+def test_a_broker_out_of_reach_makes_an_event_wait_unrun_and_the_limits_set_at_run_time_stay(
+    mailer, fifty_a_minute, monkeypatch
+):
     """The node holding the stream of limits or a window lost (or flow control's connection): never an attempt."""
-
-    @mailer.event("mail.requested")
-    def requested(n: int) -> None: ...
-
-    @mailer.handler("mail.requested", rate_limit="50/m")
-    def send(n: int) -> None: ...
-
     with in_process(mailer) as events:
         handler = limited_handler(mailer.handlers, "send")
         set_limit(mailer.transport, "mailer", handler, rate_limit="100/m")
-        requested(0)  # the table is read
+        fifty_a_minute(0)  # the table is read
         transport = type(mailer.transport)
         lost = iter(range(6))
 
-        def out_of_reach(real):  # the first six calls of each find the broker out of reach
+        def out_of_reach(real):  # the first six calls of either find the broker out of reach
             def call(self, *args):
                 if next(lost, None) is not None:
                     raise LimitUnavailable("flow control's connection to the broker failed: ConnectionResetError()")
@@ -206,7 +210,7 @@ def test_a_broker_out_of_reach_makes_an_event_wait_unrun_and_the_limits_set_at_r
         monkeypatch.setattr(transport, "limit_table", out_of_reach(transport.limit_table))
         monkeypatch.setattr(transport, "admit", out_of_reach(transport.admit))
         for n in range(1, 200):
-            requested(n)
+            fifty_a_minute(n)
         assert 60 <= events.drain() <= 120 + 10 + 6 * UNAVAILABLE_WAIT  # 100 a minute (not 50): the table stayed
         runs = [run for run in events.handled("mailer") if run.outcome == "success"]
     assert [run.kwargs["n"] for run in runs] == list(range(200))
