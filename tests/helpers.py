@@ -79,6 +79,17 @@ class Records:
             time.sleep(0.05)  # a poll of the records file, bounded by the deadline above
 
 
+#: RabbitMQ's Erlang runtime (no time warp mode, its default) follows a step of this machine's clock (NTP, a VM
+#: resumed) by running its own clock, and the broker's timers with it, up to 1% fast or slow until the two agree
+#: again. A wait the broker counted, measured by this machine's clock, can then end up to 1% early.
+BROKER_CLOCK_CORRECTION = 0.01
+
+
+def assert_broker_waited(waited: float, delay: float) -> None:
+    """``waited`` seconds by this machine's clock for a ``delay`` the broker counted: never early by its clock."""
+    assert waited >= delay * (1 - BROKER_CLOCK_CORRECTION), (waited, delay)
+
+
 def wait_archived(archive: Any, count: int, timeout: float = 30.0) -> list[Any]:
     return wait_for(
         lambda: len(found := archive.list()) >= count and found,

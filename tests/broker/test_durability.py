@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from helpers import assert_broker_waited
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def test_a_delayed_retry_survives_a_broker_crash_and_is_never_early(node, worker
     node.start()
     worker("orders")
     first, second = records.wait(2, timeout=60)
-    assert second["time"] - first["time"] >= 12
+    assert_broker_waited(second["time"] - first["time"], 12)
 
 
 def test_firing_while_the_broker_is_down_raises_within_the_timeout_naming_the_event(node, broker_url, worker, records):

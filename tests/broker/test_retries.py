@@ -6,7 +6,7 @@ import itertools
 import time
 
 import pytest
-from helpers import wait_archived
+from helpers import assert_broker_waited, wait_archived
 
 from amqp_events import Reason
 
@@ -64,7 +64,7 @@ def test_retry_with_a_countdown_waits_that_long_on_the_broker(worker, producer, 
     worker("orders")
     producer.fire("test.ping", ["later"], {"how": {"countdown": 5}})
     first, second = records.wait(2, service="orders")
-    assert second["time"] - first["time"] >= 5
+    assert_broker_waited(second["time"] - first["time"], 5)
 
 
 def test_an_event_fired_with_a_countdown_reaches_every_subscriber_after_it(worker, producer, records):
@@ -75,7 +75,8 @@ def test_an_event_fired_with_a_countdown_reaches_every_subscriber_after_it(worke
     runs = records.wait(2)
     assert {run["service"] for run in runs} == {"orders", "shipping"}
     for run in runs:
-        assert run["id"] == event_id and run["time"] - fired >= 3
+        assert run["id"] == event_id
+        assert_broker_waited(run["time"] - fired, 3)
     records.barrier(producer, ("orders", "shipping"))
     assert len(records.all()) == 2
 
