@@ -4,14 +4,12 @@ service's user can publish with any client: what the trust-boundary tests share.
 from __future__ import annotations
 
 import json
-import shlex
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import pytest
 from kombu import Connection
 
 
@@ -25,28 +23,26 @@ def users_of(
     rabbitmq: Any, broker_url: str, cli_process: Callable[..., Any], services: tuple[str, ...], env: dict[str, str]
 ) -> Iterator[tuple[dict[str, str], dict[str, str]]]:
     """A user per service of ``services`` (named otherwise than its service, mapped by
-    ``AMQP_EVENTS_SERVICE_USERS``), granted what `topology permissions` prints for it, run as printed, after an
-    administrator declared each service's topology: ``(urls by service, the fleet's environment)``."""
-    if rabbitmq.node is None:
-        pytest.skip("creating users needs the harness's own node (rabbitmqctl)")
+    ``AMQP_EVENTS_SERVICE_USERS``), created and granted by `topology permissions --apply` (the printed rabbitmqctl
+    commands are run as printed in test_least_privilege.py), after an administrator declared each service's
+    topology: ``(urls by service, the fleet's environment)``."""
     users = {service: (f"{service}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex) for service in services}
     fleet = {"AMQP_EVENTS_SERVICE_USERS": ",".join(f"{user}={service}" for service, (user, _) in users.items()), **env}
     made = []
     try:
         for service, (user, password) in users.items():
-            rabbitmq.node.rabbitmqctl("add_user", user, password)
-            made.append(user)
             declared = cli_process("topology", "declare", app=f"services.{service}", env=fleet)
             assert declared.returncode == 0, declared.stderr
-            printed = cli_process("topology", "permissions", "--user", user, app=f"services.{service}", env=fleet)
-            assert printed.returncode == 0, printed.stderr
-            for line in printed.stdout.splitlines():
-                if line.startswith("rabbitmqctl "):
-                    rabbitmq.node.rabbitmqctl(*shlex.split(line)[1:])
+            applied = cli_process(
+                "topology", "permissions", "--user", user, "--apply", "--password-env", "SERVICE_PASSWORD",
+                app=f"services.{service}", env={**fleet, "SERVICE_PASSWORD": password},
+            )  # fmt: skip
+            assert applied.returncode == 0, applied.stderr
+            made.append(user)
         yield {service: user_url(broker_url, *user) for service, user in users.items()}, fleet
     finally:
         for user in made:
-            rabbitmq.node.rabbitmqctl("delete_user", user)
+            rabbitmq.management.request("DELETE", f"/api/users/{urllib.parse.quote(user, safe='')}")
 
 
 def raw(

@@ -173,7 +173,11 @@ def test_a_service_filling_a_shared_ladder_level_refuses_none_of_another_s_retri
     records.wait(1, tag="retried")
     # The retry waits in orders' own ladder, which shipping's user cannot write to.
     level = delays.own_level_name("orders", 9)
-    wait_for(lambda: rabbitmq.management.queue(vhost, level)["messages"] == 1 or None, 30, what=f"a wait in {level}")
+    wait_for(
+        lambda: (rabbitmq.management.queue(vhost, level) or {}).get("messages") == 1 or None,
+        30,
+        what=f"a wait in {level}",
+    )
     assert orders_archive(fleet).count() == 0
 
 
