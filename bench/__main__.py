@@ -132,7 +132,7 @@ def main() -> int:
             keep(*tracing.handling(bench, size))
         if wanted("cloudevents"):
             keep(cloud_events.firing(bench, size))
-            keep(cloud_events.handling(bench, size))
+            keep(*cloud_events.handling(bench, size))
         if wanted("limits_rate"):
             keep(flow_control.rate_accuracy(bench, size))
         if wanted("limits_kills"):

@@ -11,6 +11,7 @@ from bench.harness import APPS, Bench, median
 from bench.scenarios import Result, Size, drain, ours_app
 
 MODES = ("absent", "idle", "on", "sampled")
+SAMPLED = ("on", "sampled")  # the modes that record spans, every one or one trace in ten
 
 
 def firing(bench: Bench, size: Size) -> list[Result]:
@@ -27,7 +28,8 @@ def firing(bench: Bench, size: Size) -> list[Result]:
                 if done.returncode:
                     raise RuntimeError(f"traced_fire.py ({mode}) failed: {done.stderr}")
                 rates[mode].append(float(done.stdout.split()[-1]))
-    return _compared("firing one event at a time", rates, "events/s", 0.95)
+    what = "firing one event at a time"
+    return [*_compared(what, rates, "events/s", 0.95), *(_floor(what, rates, mode, size, "fire") for mode in SAMPLED)]
 
 
 def handling(bench: Bench, size: Size) -> list[Result]:
@@ -37,16 +39,16 @@ def handling(bench: Bench, size: Size) -> list[Result]:
         for mode in MODES[repeat % 4 :] + MODES[: repeat % 4]:
             rates[mode].append(drain(bench, size, "ours", "solo", 1, worker_env={"TRACING": mode}))
     what = f"handling {size.drain:,} waiting events, -P solo"
-    return [*_compared(what, rates, "events/s", 0.9), *(_floor(what, rates, mode, size) for mode in ("on", "sampled"))]
+    return [*_compared(what, rates, "events/s", 0.9), *(_floor(what, rates, mode, size, "handle") for mode in SAMPLED)]
 
 
-def _floor(what: str, rates: dict[str, list[float]], mode: str, size: Size) -> Result:
-    """The SDK's own cost per handled event (``bench/apps/traced_floor.py``: the same span, alone) beside what
-    tracing adds to a worker's event in ``mode``; and the best ratio that cost leaves, were the library's own
-    part nothing."""
+def _floor(what: str, rates: dict[str, list[float]], mode: str, size: Size, kind: str) -> Result:
+    """The SDK's own cost per event (``bench/apps/traced_floor.py``: the same span, alone; ``kind``: a handled or
+    a fired event's) beside what tracing adds to an event in ``mode``; and the best ratio that cost leaves, were
+    the library's own part nothing."""
     floors = []
     for _ in range(3):
-        argv = [sys.executable, str(APPS / "traced_floor.py"), str(max(size.drain, 5000))]
+        argv = [sys.executable, str(APPS / "traced_floor.py"), str(max(size.drain, 5000)), kind]
         done = subprocess.run(argv, env={**os.environ, "TRACING": mode}, cwd=APPS, capture_output=True, text=True,
                               timeout=300)  # fmt: skip
         if done.returncode:
