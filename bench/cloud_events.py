@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from amqp_events.wire import cloud_events
-from bench.harness import Bench, median
+from bench.harness import Bench, in_turn, median
 from bench.scenarios import Result, Size, drain, ours_app
 
 FORMATS = ("celery", "cloudevents")
@@ -25,7 +25,7 @@ def firing(bench: Bench, size: Size) -> Result:
         for n in range(200):  # warm up: connected
             app.fire("bench.noop", kwargs={"n": n})
         for round_ in range(size.fire_rounds):
-            for wire_format in FORMATS[round_ % 2 :] + FORMATS[: round_ % 2]:
+            for wire_format in in_turn(FORMATS, round_):
                 started = time.perf_counter()
                 for n in range(size.fire_per_round):
                     app.fire("bench.noop", kwargs={"n": n}, wire_format=wire_format)
@@ -38,7 +38,7 @@ def handling(bench: Bench, size: Size) -> list[Result]:
     """Events/s one solo worker handles, ``size.drain`` waiting, fired in each wire format; then the reading alone."""
     rates: dict[str, list[float]] = {wire_format: [] for wire_format in FORMATS}
     for repeat in range(size.repeats):
-        for wire_format in FORMATS[repeat % 2 :] + FORMATS[: repeat % 2]:
+        for wire_format in in_turn(FORMATS, repeat):
             rates[wire_format].append(drain(bench, size, "ours", "solo", 1, wire_format=wire_format))
     what = f"handling {size.drain:,} waiting events, -P solo"
     return [_compared(what, rates, 0.95), _reading_beside_the_sdk(what, rates, size)]
@@ -65,7 +65,7 @@ def _reading_beside_the_sdk(what: str, rates: dict[str, list[float]], size: Size
     seconds: dict[str, list[float]] = {name: [] for name in readers}
     count = max(size.drain, 5000)
     for round_ in range(3):
-        for name in list(readers)[round_ % 2 :] + list(readers)[: round_ % 2]:
+        for name in in_turn(list(readers), round_):
             read, started = readers[name], time.perf_counter()
             for _ in range(count):
                 read()

@@ -10,9 +10,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from kombu import Connection
 
@@ -21,6 +22,8 @@ from amqp_events.local.cluster import LocalCluster
 from amqp_events.testing import json_lines
 from amqp_events.testing.workers import WorkerProcess, worker_argv
 from amqp_events.transport.management import ManagementAPI
+
+T = TypeVar("T")
 
 BENCH = Path(__file__).resolve().parent
 APPS = BENCH / "apps"
@@ -188,6 +191,13 @@ def percentile(values: list[float], share: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def in_turn(contenders: Sequence[T], round_: int) -> list[T]:
+    """``contenders`` in the order round ``round_`` runs them: each first in turn, so that none always goes first
+    (onto a fresh node, or after the others warmed it)."""
+    at = round_ % len(contenders)
+    return [*contenders[at:], *contenders[:at]]
 
 
 def legacy_python() -> str:

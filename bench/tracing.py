@@ -7,11 +7,11 @@ import os
 import subprocess
 import sys
 
-from bench.harness import APPS, Bench, median
+from bench.harness import APPS, Bench, in_turn, median
 from bench.scenarios import Result, Size, drain, ours_app
 
 MODES = ("absent", "idle", "on", "sampled")
-SAMPLED = ("on", "sampled")  # the modes that record spans, every one or one trace in ten
+RECORDING = ("on", "sampled")  # the modes that record spans: every one, or one trace in ten
 
 
 def firing(bench: Bench, size: Size) -> list[Result]:
@@ -20,7 +20,7 @@ def firing(bench: Bench, size: Size) -> list[Result]:
     with bench.run("tracing-fire") as run:
         ours_app(run).declare_topology()  # the event's queue exists: every publish is routed
         for round_ in range(size.fire_rounds):
-            for mode in MODES[round_ % 4 :] + MODES[: round_ % 4]:  # each mode first in turn: the queue grows
+            for mode in in_turn(MODES, round_):  # each mode first in turn: the queue grows
                 argv = [sys.executable, str(APPS / "traced_fire.py"), str(size.fire_per_round)]
                 done = subprocess.run(
                     argv, env={**run.env(), "TRACING": mode}, cwd=APPS, capture_output=True, text=True, timeout=300
@@ -29,17 +29,19 @@ def firing(bench: Bench, size: Size) -> list[Result]:
                     raise RuntimeError(f"traced_fire.py ({mode}) failed: {done.stderr}")
                 rates[mode].append(float(done.stdout.split()[-1]))
     what = "firing one event at a time"
-    return [*_compared(what, rates, "events/s", 0.95), *(_floor(what, rates, mode, size, "fire") for mode in SAMPLED)]
+    floors = (_floor(what, rates, mode, size, "fire") for mode in RECORDING)
+    return [*_compared(what, rates, "events/s", 0.95), *floors]
 
 
 def handling(bench: Bench, size: Size) -> list[Result]:
     """Events/s one solo worker handles, ``size.drain`` waiting, in each mode; then what the SDK alone costs."""
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
     for repeat in range(size.repeats):
-        for mode in MODES[repeat % 4 :] + MODES[: repeat % 4]:
+        for mode in in_turn(MODES, repeat):
             rates[mode].append(drain(bench, size, "ours", "solo", 1, worker_env={"TRACING": mode}))
     what = f"handling {size.drain:,} waiting events, -P solo"
-    return [*_compared(what, rates, "events/s", 0.9), *(_floor(what, rates, mode, size, "handle") for mode in SAMPLED)]
+    floors = (_floor(what, rates, mode, size, "handle") for mode in RECORDING)
+    return [*_compared(what, rates, "events/s", 0.9), *floors]
 
 
 def _floor(what: str, rates: dict[str, list[float]], mode: str, size: Size, kind: str) -> Result:
